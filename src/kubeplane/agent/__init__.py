@@ -1,0 +1,1 @@
+"""kubeplane.agent (see DESIGN.md for what this layer owns)."""

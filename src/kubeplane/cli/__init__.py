@@ -1,0 +1,1 @@
+"""The ``kubeplane`` command: click commands and output formatting (outermost layer)."""

@@ -1,0 +1,84 @@
+"""Root of the ``kubeplane`` command.
+
+Each command family lives in its own module under ``kubeplane.cli`` and exposes
+``register(group)``; this module only wires them together and owns the global options, so
+adding a family never touches another family's file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+
+import click
+
+#: Command family modules, each with ``register(group: click.Group) -> None``.
+FAMILIES = (
+    "kubeplane.cli.node",
+    "kubeplane.cli.clientconfig",
+    "kubeplane.cli.gen",
+    "kubeplane.cli.validate",
+    "kubeplane.cli.toolchain",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """Global options shared by every command (client config, context, endpoints, nodes)."""
+
+    config_path: str | None
+    context: str | None
+    endpoints: tuple[str, ...]
+    nodes: tuple[str, ...]
+
+
+def _split(values: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option(
+    "--kubeplaneconfig",
+    "config_path",
+    envvar="KUBEPLANECONFIG",
+    metavar="PATH",
+    help="Client config file (default ~/.kubeplane/config; env KUBEPLANECONFIG).",
+)
+@click.option("--context", metavar="NAME", help="Context of the client config to use (default: current).")
+@click.option(
+    "-e", "--endpoints", multiple=True, metavar="ADDR[,ADDR]", help="Node API endpoints to connect to."
+)
+@click.option(
+    "-n", "--nodes", multiple=True, metavar="NODE[,NODE]", help="Nodes to target (proxied via the endpoint)."
+)
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    config_path: str | None,
+    context: str | None,
+    endpoints: tuple[str, ...],
+    nodes: tuple[str, ...],
+) -> None:
+    """kubeplane runs and changes a Kubernetes control plane.
+
+    Every node runs the kubeplaned agent, which turns a declarative machine configuration into
+    etcd, kubelet and control plane static pods. This command talks to the agents over a
+    mutually authenticated API, generates configs and PKI, and builds local clusters.
+    """
+    ctx.obj = Context(
+        config_path=config_path, context=context, endpoints=_split(endpoints), nodes=_split(nodes)
+    )
+
+
+for _name in FAMILIES:
+    importlib.import_module(_name).register(cli)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        cli(prog_name="kubeplane")
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)

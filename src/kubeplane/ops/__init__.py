@@ -1,0 +1,1 @@
+"""kubeplane.ops (see DESIGN.md for what this layer owns)."""

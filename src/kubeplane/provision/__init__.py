@@ -1,0 +1,1 @@
+"""kubeplane.provision (see DESIGN.md for what this layer owns)."""
