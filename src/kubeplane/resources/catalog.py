@@ -1,0 +1,282 @@
+"""The resource types of a kubeplane node: namespaces, type names, spec classes and definitions.
+
+Controllers refer to types through the constants here (``catalog.STATIC_PODS``) and build specs
+with the classes here. Shapes are kept small on purpose; the controllers that produce a type
+document what they put in it. Field names are shown as they appear in ``-o yaml``:
+
+==============================  ============  ================================================
+type (id examples)              namespace     spec
+==============================  ============  ================================================
+MachineConfigs (v1alpha1)       config        the machine config document (generic dict)
+MachineTypes (machine-type)     config        ``machineType``: init | controlplane | join
+KubernetesControlPlaneConfigs   config        generic dict per component (images, args, ...)
+RootSecrets (etcd, k8s)         secrets       generic dict of PEMs and tokens
+EtcdSecrets, KubernetesSecrets  secrets       generic dict of PEMs and kubeconfigs
+SecretStatuses (static-pods)    controlplane  ``ready``, ``version`` (secrets-version annotation)
+StaticPods (kube-apiserver)     controlplane  ``pod``: the Pod object written for the kubelet
+StaticPodStatuses               controlplane  ``podStatus``: the pod's ``status`` from the kubelet
+Manifests (10-kube-proxy)       controlplane  ``items``: Kubernetes objects to create
+ManifestStatuses                controlplane  ``manifestsApplied`` ids, ``errors`` id → message
+BootstrapStatuses               runtime       ``selfHostedControlPlane``
+Services (etcd, kubelet)        runtime       ``running``, ``healthy``, ``unknown``
+==============================  ============  ================================================
+
+SecretStatuses live in ``controlplane`` (not ``secrets``): they carry no secret, only the
+readiness the static pod controller waits on, so a reader-role client may see them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kubeplane.resources.definitions import (
+    Namespace,
+    PrintColumn,
+    Registry,
+    ResourceDefinition,
+    format_cell,
+)
+from kubeplane.resources.resource import Resource
+from kubeplane.resources.specs import DictSpec, Spec
+
+CONFIG_NAMESPACE = "config"
+CONTROLPLANE_NAMESPACE = "controlplane"
+EXTRAS_NAMESPACE = "extras"
+RUNTIME_NAMESPACE = "runtime"
+SECRETS_NAMESPACE = "secrets"
+
+STATIC_PODS = "StaticPods.kubernetes.kubeplane.dev"
+STATIC_POD_STATUSES = "StaticPodStatuses.kubernetes.kubeplane.dev"
+MANIFESTS = "Manifests.kubernetes.kubeplane.dev"
+MANIFEST_STATUSES = "ManifestStatuses.kubernetes.kubeplane.dev"
+SECRET_STATUSES = "SecretStatuses.kubernetes.kubeplane.dev"  # noqa: S105 (a type name, not a secret)
+KUBERNETES_CONTROL_PLANE_CONFIGS = "KubernetesControlPlaneConfigs.config.kubeplane.dev"
+MACHINE_CONFIGS = "MachineConfigs.config.kubeplane.dev"
+MACHINE_TYPES = "MachineTypes.config.kubeplane.dev"
+BOOTSTRAP_STATUSES = "BootstrapStatuses.runtime.kubeplane.dev"
+ROOT_SECRETS = "RootSecrets.secrets.kubeplane.dev"
+KUBERNETES_SECRETS = "KubernetesSecrets.secrets.kubeplane.dev"
+ETCD_SECRETS = "EtcdSecrets.secrets.kubeplane.dev"
+SERVICES = "Services.runtime.kubeplane.dev"
+
+#: Well-known ids.
+MACHINE_CONFIG_ID = "v1alpha1"
+MACHINE_TYPE_ID = "machine-type"
+BOOTSTRAP_STATUS_ID = "control-plane"
+STATIC_POD_SECRETS_ID = "static-pods"
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineConfigSpec(DictSpec):
+    """The whole machine config document (secret-bearing)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineTypeSpec(Spec):
+    """The node's machine type: ``init``, ``controlplane`` or ``join``."""
+
+    machine_type: str
+
+
+@dataclasses.dataclass(frozen=True)
+class KubernetesControlPlaneConfigSpec(DictSpec):
+    """Configuration of one control plane component or manifest set, as the producing controller defines."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RootSecretSpec(DictSpec):
+    """Cluster-wide secret material (CAs, keys, tokens) taken from the machine config."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KubernetesSecretSpec(DictSpec):
+    """Certificates and kubeconfigs generated for the Kubernetes control plane components."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EtcdSecretSpec(DictSpec):
+    """etcd peer and client certificates of this node."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SecretStatusSpec(Spec):
+    """Whether the component secrets are on disk, and which version of them."""
+
+    ready: bool = False
+    version: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticPodSpec(Spec):
+    """A Pod object (apiVersion/kind/metadata/spec) for the kubelet manifest directory."""
+
+    pod: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticPodStatusSpec(Spec):
+    """The ``status`` of a static pod as the kubelet reports it."""
+
+    pod_status: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ManifestSpec(Spec):
+    """Kubernetes objects to create in the cluster, in order."""
+
+    items: Sequence[Mapping[str, Any]] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ManifestStatusSpec(Spec):
+    """Outcome of applying the manifests: ids applied, and an error message per manifest id that failed."""
+
+    manifests_applied: Sequence[str] = ()
+    errors: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class BootstrapStatusSpec(Spec):
+    """Whether the control plane is still self-hosted (the etcd ``initialized`` key says so)."""
+
+    self_hosted_control_plane: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceSpec(Spec):
+    """State of a supervised service; ``unknown`` when there is no health check result yet."""
+
+    running: bool = False
+    healthy: bool = False
+    unknown: bool = True
+
+
+def _pod_ready(resource: Resource) -> str:
+    spec = resource.spec
+    if not isinstance(spec, StaticPodStatusSpec):
+        return ""
+    for condition in spec.pod_status.get("conditions", ()):
+        if isinstance(condition, Mapping) and condition.get("type") == "Ready":
+            return str(condition.get("status", ""))
+    return ""
+
+
+def _service_health(resource: Resource) -> str:
+    spec = resource.spec
+    if not isinstance(spec, ServiceSpec):
+        return ""
+    return "?" if spec.unknown else format_cell(spec.healthy)
+
+
+NAMESPACE_LIST = (
+    Namespace(CONFIG_NAMESPACE, "Machine configuration and what is derived from it"),
+    Namespace(CONTROLPLANE_NAMESPACE, "Control plane static pods, manifests and their status"),
+    Namespace(EXTRAS_NAMESPACE, "Extra manifests downloaded from URLs or given inline"),
+    Namespace(RUNTIME_NAMESPACE, "Services and bootstrap state of the node"),
+    Namespace(SECRETS_NAMESPACE, "Secret material: CAs, certificates, keys, tokens"),
+)
+
+DEFINITIONS = (
+    ResourceDefinition(
+        type=STATIC_PODS,
+        display_type="StaticPod",
+        default_namespace=CONTROLPLANE_NAMESPACE,
+        spec_type=StaticPodSpec,
+    ),
+    ResourceDefinition(
+        type=STATIC_POD_STATUSES,
+        display_type="StaticPodStatus",
+        default_namespace=CONTROLPLANE_NAMESPACE,
+        spec_type=StaticPodStatusSpec,
+        aliases=("podstatus", "podstatuses"),
+        print_columns=(PrintColumn("READY", func=_pod_ready),),
+    ),
+    ResourceDefinition(
+        type=MANIFESTS,
+        display_type="Manifest",
+        default_namespace=CONTROLPLANE_NAMESPACE,
+        spec_type=ManifestSpec,
+    ),
+    ResourceDefinition(
+        type=MANIFEST_STATUSES,
+        display_type="ManifestStatus",
+        default_namespace=CONTROLPLANE_NAMESPACE,
+        spec_type=ManifestStatusSpec,
+    ),
+    ResourceDefinition(
+        type=SECRET_STATUSES,
+        display_type="SecretStatus",
+        default_namespace=CONTROLPLANE_NAMESPACE,
+        spec_type=SecretStatusSpec,
+        print_columns=(
+            PrintColumn("READY", json_path="ready"),
+            PrintColumn("SECRETS VERSION", json_path="version"),
+        ),
+    ),
+    ResourceDefinition(
+        type=KUBERNETES_CONTROL_PLANE_CONFIGS,
+        display_type="KubernetesControlPlaneConfig",
+        default_namespace=CONFIG_NAMESPACE,
+        spec_type=KubernetesControlPlaneConfigSpec,
+    ),
+    ResourceDefinition(
+        type=MACHINE_CONFIGS,
+        display_type="MachineConfig",
+        default_namespace=CONFIG_NAMESPACE,
+        spec_type=MachineConfigSpec,
+        sensitive=True,
+    ),
+    ResourceDefinition(
+        type=MACHINE_TYPES,
+        display_type="MachineType",
+        default_namespace=CONFIG_NAMESPACE,
+        spec_type=MachineTypeSpec,
+        print_columns=(PrintColumn("TYPE", json_path="machineType"),),
+    ),
+    ResourceDefinition(
+        type=BOOTSTRAP_STATUSES,
+        display_type="BootstrapStatus",
+        default_namespace=RUNTIME_NAMESPACE,
+        spec_type=BootstrapStatusSpec,
+        print_columns=(PrintColumn("SELF HOSTED", json_path="selfHostedControlPlane"),),
+    ),
+    ResourceDefinition(
+        type=ROOT_SECRETS,
+        display_type="RootSecret",
+        default_namespace=SECRETS_NAMESPACE,
+        spec_type=RootSecretSpec,
+        sensitive=True,
+    ),
+    ResourceDefinition(
+        type=KUBERNETES_SECRETS,
+        display_type="KubernetesSecret",
+        default_namespace=SECRETS_NAMESPACE,
+        spec_type=KubernetesSecretSpec,
+        sensitive=True,
+    ),
+    ResourceDefinition(
+        type=ETCD_SECRETS,
+        display_type="EtcdSecret",
+        default_namespace=SECRETS_NAMESPACE,
+        spec_type=EtcdSecretSpec,
+        sensitive=True,
+    ),
+    ResourceDefinition(
+        type=SERVICES,
+        display_type="Service",
+        default_namespace=RUNTIME_NAMESPACE,
+        spec_type=ServiceSpec,
+        aliases=("svc",),
+        print_columns=(
+            PrintColumn("RUNNING", json_path="running"),
+            PrintColumn("HEALTHY", func=_service_health),
+        ),
+    ),
+)
+
+
+def default_registry() -> Registry:
+    """A fresh registry with every namespace and resource type of a kubeplane node."""
+    return Registry(namespaces=NAMESPACE_LIST, definitions=DEFINITIONS)
