@@ -1,0 +1,91 @@
+"""The :class:`NodeBackend` protocol: everything the API server needs from the node it runs on.
+
+The agent implements it (over its resource state, config store, services and files); the server
+only validates, authorises, proxies and encodes. Parameter names are the JSON request fields of
+:data:`kubeplane.api.wire.CALLS`, and a unit test checks that the table and this protocol agree.
+
+Results must be JSON-able (dicts, lists, strings, numbers, booleans, None); resources are the
+dicts the resource layer serialises (``{node?, metadata: {...}, spec: ...}``). Errors meant for
+the caller are :class:`kubeplane.api.errors.BackendError` subclasses; anything else becomes
+INTERNAL with the exception type and message, and is logged on the node.
+
+Stream methods are async generators; the server stops iterating (closing the generator) when
+the caller goes away, so ``finally`` blocks release watches and follow-mode readers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from kubeplane.api.wire import Document
+
+
+class NodeBackend(Protocol):
+    """What a node exposes through the API (see the module docstring for the conventions)."""
+
+    async def version(self) -> Document:
+        """Versions of the agent and its components, e.g. ``{"tag": "0.1.0", "kubernetes": ...}``."""
+        ...
+
+    async def resource_sensitive(self, *, type: str) -> bool:
+        """Whether ``type`` (any alias) holds secrets; readers are refused such types.
+
+        Raises :class:`~kubeplane.api.errors.NotFoundError` for an unknown type.
+        """
+        ...
+
+    async def resource_get(self, *, type: str, id: str, namespace: str | None) -> Document:
+        """One resource; ``namespace=None`` means the type's default namespace."""
+        ...
+
+    async def resource_list(self, *, type: str, namespace: str | None) -> list[Document]:
+        """All resources of a type in a namespace."""
+        ...
+
+    def resource_watch(
+        self,
+        *,
+        type: str,
+        namespace: str | None,
+        id: str | None,
+    ) -> AsyncIterator[Document]:
+        """Current state then changes: ``{"event": "created|updated|destroyed|...", "resource": {...}}``."""
+        ...
+
+    async def apply_configuration(self, *, data: str, mode: str, dry_run: bool) -> Document:
+        """Validate and apply a machine config in ``mode`` (one of :data:`~kubeplane.api.wire.APPLY_MODES`).
+
+        Returns ``{"mode": used, "diff": unified diff, "message": what happened}``; a mode the change
+        does not allow raises FailedPreconditionError, an invalid config InvalidArgumentError with
+        field paths, and nothing changes in either case.
+        """
+        ...
+
+    async def machine_config(self) -> Document:
+        """``{"current": YAML or None, "staged": YAML or None}``."""
+        ...
+
+    def read_file(self, *, path: str) -> AsyncIterator[bytes]:
+        """Chunks of a file, ``path`` relative to the node root (escaping it is InvalidArgumentError)."""
+        ...
+
+    async def list_dir(self, *, path: str, recurse: bool) -> list[Document]:
+        """Entries under ``path`` (relative to the node root): ``{"name", "size", "mode", "is_dir", ...}``."""
+        ...
+
+    def logs(self, *, service: str, tail: int | None, follow: bool) -> AsyncIterator[str]:
+        """Log lines of a service; the last ``tail`` lines (all if None), then new ones when following."""
+        ...
+
+    async def service_list(self) -> list[Document]:
+        """Services: ``{"id", "state", "health", "events": [...]}``."""
+        ...
+
+    async def service_control(self, *, id: str, action: str) -> Document:
+        """Start, stop or restart a service (``action`` in :data:`~kubeplane.api.wire.SERVICE_ACTIONS`)."""
+        ...
+
+    async def reboot(self) -> Document:
+        """Restart the node's services in order, applying a staged config; returns a message."""
+        ...

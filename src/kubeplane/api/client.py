@@ -1,0 +1,242 @@
+""":class:`NodeClient`: the asyncio client of the node API, used by the CLI and by operations.
+
+Every method returns replies labelled by node — one :class:`Reply` for a direct call, one per
+node when the client was given ``nodes`` (the receiving endpoint forwards the call to each). A
+call that fails on the receiving endpoint raises :class:`~kubeplane.api.errors.CallError`; a
+failure of one forwarded node is that node's ``Reply.error`` and does not affect the others.
+
+Endpoints are tried in order, starting from the last one that answered; a call moves on only
+when an endpoint could not be reached (so it never runs twice), and when none can be reached
+:class:`~kubeplane.api.errors.ConnectError` names each endpoint and why it failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from kubeplane.api import auth, errors, transport, wire
+
+T = TypeVar("T")
+
+#: Deadline of unary calls (seconds) unless the client or the call says otherwise.
+DEFAULT_TIMEOUT = 15.0
+#: Applying a config validates, diffs and persists it; give it longer than a read.
+APPLY_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Reply(Generic[T]):
+    """One node's answer: ``result`` on success, ``error`` when that node failed."""
+
+    node: str
+    result: T | None = None
+    error: errors.CallError | None = None
+
+    def unwrap(self) -> T:
+        """The result, or raise the node's error."""
+        if self.error is not None:
+            raise self.error
+        return self.result  # type: ignore[return-value]
+
+
+def _reply(document: Mapping[str, Any]) -> Reply[Any]:
+    node = str(document.get("node", ""))
+    if "error" in document:
+        return Reply(node=node, error=transport.reply_error(document["error"], node))
+    return Reply(node=node, result=document.get("result"))
+
+
+class NodeClient:
+    """Client of one or more equivalent endpoints; use as ``async with NodeClient(...) as client``.
+
+    ``credentials`` hold the OS CA and the client certificate/key (PEM bytes); ``nodes`` makes
+    every call go to those nodes through the endpoint. :meth:`insecure` builds the maintenance-mode
+    client (no server verification, no client certificate).
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        credentials: auth.Credentials | None,
+        nodes: Sequence[str] = (),
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        if not endpoints:
+            raise errors.APIError(
+                "no endpoints given: pass -e ENDPOINT or set endpoints in the client config"
+            )
+        self.endpoints = tuple(endpoints)
+        self.nodes = tuple(nodes)
+        self.timeout = timeout
+        self._credentials = credentials
+        self._connections: dict[int, transport.Connection] = {}
+        self._current = 0
+
+    @classmethod
+    def insecure(cls, endpoints: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT) -> NodeClient:
+        """A client for nodes in maintenance mode; only Version and ApplyConfiguration will work."""
+        return cls(endpoints, credentials=None, timeout=timeout)
+
+    async def __aenter__(self) -> NodeClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close every channel."""
+        connections, self._connections = self._connections, {}
+        for connection in connections.values():
+            await connection.close()
+
+    # -- generic calls -------------------------------------------------------------------------
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((wire.MD_NODES, ",".join(self.nodes)),) if self.nodes else ()
+
+    def _order(self) -> list[int]:
+        return [self._current, *(i for i in range(len(self.endpoints)) if i != self._current)]
+
+    async def _connection(self, index: int) -> transport.Connection:
+        if index not in self._connections:
+            endpoint = self.endpoints[index]
+            if self._credentials is None:
+                self._connections[index] = await transport.Connection.open_insecure(
+                    endpoint, timeout=self.timeout
+                )
+            else:
+                self._connections[index] = transport.Connection.open(endpoint, self._credentials)
+        return self._connections[index]
+
+    async def call(
+        self, name: str, request: Mapping[str, Any] | None = None, *, timeout: float | None = None
+    ) -> list[Reply[Any]]:
+        """Make the unary call ``name`` of :data:`~kubeplane.api.wire.CALLS`."""
+        call = wire.CALLS_BY_NAME[name]
+        attempts: list[tuple[str, str]] = []
+        for index in self._order():
+            try:
+                connection = await self._connection(index)
+                document = await connection.unary(
+                    call, request or {}, metadata=self._metadata(), timeout=timeout or self.timeout
+                )
+            except transport.Unreachable as exc:
+                attempts.append((exc.endpoint, exc.reason))
+                continue
+            self._current = index
+            return [_reply(reply) for reply in document["replies"]]
+        raise errors.ConnectError(attempts)
+
+    async def stream(
+        self, name: str, request: Mapping[str, Any] | None = None, *, timeout: float | None = None
+    ) -> AsyncIterator[Reply[Any]]:
+        """Make the streaming call ``name``; ``timeout`` bounds the whole stream (none by default)."""
+        call = wire.CALLS_BY_NAME[name]
+        attempts: list[tuple[str, str]] = []
+        for index in self._order():
+            received = False
+            try:
+                connection = await self._connection(index)
+                async for message in connection.stream(
+                    call, request or {}, metadata=self._metadata(), timeout=timeout
+                ):
+                    received = True
+                    self._current = index
+                    yield _reply(message)
+                return
+            except transport.Unreachable as exc:
+                if received:
+                    raise errors.CallError(
+                        "UNAVAILABLE", f"lost the connection to {exc.endpoint} mid-stream: {exc.reason}"
+                    ) from None
+                attempts.append((exc.endpoint, exc.reason))
+        raise errors.ConnectError(attempts)
+
+    # -- one method per call -------------------------------------------------------------------
+
+    async def version(self) -> list[Reply[wire.Document]]:
+        """Versions of each node's agent and components."""
+        return await self.call("Version")
+
+    async def resource_get(
+        self,
+        type: str,
+        id: str,
+        *,
+        namespace: str | None = None,
+    ) -> list[Reply[wire.Document]]:
+        """One resource (``type`` may be any alias)."""
+        return await self.call("ResourceGet", {"type": type, "id": id, "namespace": namespace})
+
+    async def resource_list(
+        self,
+        type: str,
+        *,
+        namespace: str | None = None,
+    ) -> list[Reply[list[wire.Document]]]:
+        """All resources of a type."""
+        return await self.call("ResourceList", {"type": type, "namespace": namespace})
+
+    def resource_watch(
+        self,
+        type: str,
+        *,
+        namespace: str | None = None,
+        id: str | None = None,
+    ) -> AsyncIterator[Reply[wire.Document]]:
+        """Current state then changes, as ``{"event", "resource"}`` documents."""
+        return self.stream("ResourceWatch", {"type": type, "namespace": namespace, "id": id})
+
+    async def apply_configuration(
+        self, data: str, *, mode: str = "reboot", dry_run: bool = False
+    ) -> list[Reply[wire.Document]]:
+        """Apply a machine config; results are ``{"mode", "diff", "message"}``."""
+        return await self.call(
+            "ApplyConfiguration", {"data": data, "mode": mode, "dry_run": dry_run}, timeout=APPLY_TIMEOUT
+        )
+
+    async def machine_config(self) -> list[Reply[wire.Document]]:
+        """``{"current", "staged"}`` machine config YAML (admin only)."""
+        return await self.call("MachineConfig")
+
+    async def read_file(self, path: str) -> AsyncIterator[Reply[bytes]]:
+        """Chunks of a file under the node root (admin only)."""
+        async for reply in self.stream("ReadFile", {"path": path}):
+            chunk = None if reply.result is None else wire.decode_chunk(reply.result)
+            yield Reply(node=reply.node, result=chunk, error=reply.error)
+
+    async def list_dir(self, path: str = ".", *, recurse: bool = False) -> list[Reply[list[wire.Document]]]:
+        """Directory entries under the node root."""
+        return await self.call("ListDir", {"path": path, "recurse": recurse})
+
+    def logs(
+        self, service: str, *, tail: int | None = None, follow: bool = False
+    ) -> AsyncIterator[Reply[str]]:
+        """Log lines of a service."""
+        return self.stream("Logs", {"service": service, "tail": tail, "follow": follow})
+
+    async def service_list(self) -> list[Reply[list[wire.Document]]]:
+        """Services with state, health and events."""
+        return await self.call("ServiceList")
+
+    async def service_start(self, id: str) -> list[Reply[wire.Document]]:
+        """Start a service (admin only)."""
+        return await self.call("ServiceStart", {"id": id})
+
+    async def service_stop(self, id: str) -> list[Reply[wire.Document]]:
+        """Stop a service (admin only)."""
+        return await self.call("ServiceStop", {"id": id})
+
+    async def service_restart(self, id: str) -> list[Reply[wire.Document]]:
+        """Restart a service (admin only)."""
+        return await self.call("ServiceRestart", {"id": id})
+
+    async def reboot(self) -> list[Reply[wire.Document]]:
+        """Restart the node's services, applying a staged config (admin only)."""
+        return await self.call("Reboot", timeout=APPLY_TIMEOUT)
