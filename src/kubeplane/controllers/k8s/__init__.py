@@ -1,0 +1,23 @@
+"""kubeplane.controllers.k8s: the Kubernetes control plane of a node.
+
+Pure rendering (no I/O, no runtime): ``render`` builds the static pods of kube-apiserver,
+kube-controller-manager and kube-scheduler, ``manifests`` the bootstrap manifests applied to the
+API server, ``files`` the layout and contents of the per-component secrets directories. The
+controllers that feed them from resources and write their results come on top of these modules.
+
+Exceptions::
+
+    kubeplane.controllers.ControllerError
+    └── RenderError     an input cannot be rendered (bad image tag, bad token, bad encryption
+                        secret); the message names the input, what was wrong and what to do
+"""
+
+from __future__ import annotations
+
+from kubeplane.controllers import ControllerError
+
+__all__ = ["RenderError"]
+
+
+class RenderError(ControllerError, ValueError):
+    """An input cannot be rendered; the message says which input, why, and what to do."""
