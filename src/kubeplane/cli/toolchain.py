@@ -1,0 +1,88 @@
+"""`kubeplane toolchain` commands: build and show the cache of real Kubernetes components."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+import yaml
+
+import kubeplane
+from kubeplane.provision import steps, toolchain
+
+
+def _progress(event: steps.StepEvent) -> None:
+    if event.state == "cached":
+        click.echo(f"  {event.step}: cached" + (f" ({event.detail})" if event.detail else ""), err=True)
+        return
+    click.echo("  " + steps.format_event(event), err=True)
+
+
+CACHE_OPTION = click.option(
+    "--cache",
+    "cache_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help=f"Cache directory (default ${toolchain.CACHE_ENV} or {toolchain.DEFAULT_CACHE}).",
+)
+
+
+@click.group("toolchain")
+def group() -> None:
+    """Build and inspect the real Kubernetes components (binaries and images) kubeplane runs."""
+
+
+@group.command("build")
+@click.option(
+    "--version",
+    "versions",
+    multiple=True,
+    metavar="VERSION",
+    help=f"Kubernetes version string to build (repeatable; default {kubeplane.DEFAULT_KUBERNETES_VERSION}). "
+    "A suffix (v1.20.2-kp.1) builds a distinct build of the same source.",
+)
+@CACHE_OPTION
+def build(versions: tuple[str, ...], cache_dir: Path | None) -> None:
+    """Fetch Debian's kubernetes source, build binaries and images, and cache them by version."""
+    tc = toolchain.Toolchain(cache_dir)
+    versions = versions or (kubeplane.DEFAULT_KUBERNETES_VERSION,)
+    for version in versions:
+        # Reject a mistyped version before spending minutes on the others.
+        try:
+            toolchain.parse_version(version)
+        except toolchain.ToolchainError as exc:
+            raise click.ClickException(f"--version: {exc}") from exc
+    for version in versions:
+        started = time.monotonic()
+        click.echo(f"toolchain {version} in {tc.cache_dir}", err=True)
+        try:
+            paths = tc.ensure(version, progress=_progress)
+        except (toolchain.ToolchainError, steps.StepError) as exc:
+            raise click.ClickException(f"toolchain build {version}: {exc}") from exc
+        click.echo(f"toolchain {version} ready in {time.monotonic() - started:.1f}s: {paths.root}", err=True)
+
+
+@group.command("show")
+@click.option(
+    "-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table", show_default=True
+)
+@CACHE_OPTION
+def show(output: str, cache_dir: Path | None) -> None:
+    """List cached versions and their artifacts (verifying each against its stamp)."""
+    tc = toolchain.Toolchain(cache_dir)
+    entries = [tc.status(version) for version in tc.versions()]
+    if output == "json":
+        click.echo(json.dumps(entries, indent=2))
+    elif output == "yaml":
+        click.echo(yaml.safe_dump(entries, sort_keys=False), nl=False)
+    else:
+        click.echo(f"{'VERSION':<16} {'COMPLETE':<9} {'SOURCE PACKAGE':<36} ROOT")
+        for entry in entries:
+            complete = "yes" if entry["complete"] else "no"
+            click.echo(f"{entry['version']:<16} {complete:<9} {entry['source_package']:<36} {entry['root']}")
+
+
+def register(group_: click.Group) -> None:
+    """Add this family's commands to the root group."""
+    group_.add_command(group)

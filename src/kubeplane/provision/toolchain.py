@@ -1,0 +1,674 @@
+"""The real-component toolchain: Kubernetes binaries and images built from Debian's source.
+
+Owns the version-keyed cache of Kubernetes server binaries (``kube-apiserver``,
+``kube-controller-manager``, ``kube-scheduler``, ``kubelet``, ``kube-proxy``, ``kubectl``),
+the ``pause`` sandbox binary and the docker-archive images packed from them, and the pipeline
+that fills it:
+
+1. ``apt-sources``: a ``deb-src`` twin of every ``deb`` entry the machine already uses, then
+   ``apt-get update`` only if apt cannot see the ``kubernetes`` source package yet;
+2. ``fetch``: ``apt-get source --download-only kubernetes`` into the cache (tarballs kept and
+   checked against the ``.dsc`` checksums, so later runs need no network);
+3. ``unpack``: the upstream (orig) tarball, once, shared by every version string;
+4. ``build``: the upstream Makefile with Go 1.19, ``CGO_ENABLED=0`` and a GOPATH, Go build
+   cache and HOME inside the cache (``KUBE_GIT_VERSION`` for builds with another version string);
+5. ``pause``: ``build/pause/linux/pause.c`` with ``gcc -Os -static``;
+6. ``images``: docker-archive tars named like upstream (:mod:`kubeplane.provision.images`).
+
+Layout under the cache directory (``$KUBEPLANE_CACHE``, default ``/var/cache/kubeplane``)::
+
+    kubernetes/<version>/bin/<name>          binaries
+    kubernetes/<version>/images/<name>.tar   docker-archive images
+    kubernetes/<version>/stamp.json          version, source package, sha256 + size per artifact
+    logs/<version>/<step>.log                one log per step
+    src/debian/                              the Debian source package files
+    src/kubernetes-<upstream>/               the unpacked tree (shared by all version strings)
+    go/, home/                               GOPATH, Go build cache and HOME of the build
+
+An artifact is trusted only if the stamp records it and its size and sha256 still match, so a
+corrupt or half-written cache entry is rebuilt, never used. Artifacts are written to a temporary
+name and renamed into place. One build runs at a time per cache (an exclusive ``flock``).
+
+Errors: :class:`ToolchainError` (bad version string, cache not built) and
+:class:`kubeplane.provision.steps.StepFailed` (a pipeline step failed; names step and log).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kubeplane.provision import images as images_mod
+from kubeplane.provision import steps as steps_mod
+
+#: Environment variable that overrides the cache directory.
+CACHE_ENV = "KUBEPLANE_CACHE"
+DEFAULT_CACHE = Path("/var/cache/kubeplane")
+
+#: Binaries built with the upstream Makefile, in build order.
+KUBE_BINARIES = (
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kube-proxy",
+    "kubectl",
+)
+PAUSE = "pause"
+BINARIES = (*KUBE_BINARIES, PAUSE)
+#: Images packed per version; pause keeps the tag kubelet v1.20 uses as its default sandbox.
+IMAGES = (PAUSE, "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy")
+REGISTRY = "k8s.gcr.io"
+PAUSE_TAG = "3.2"
+
+SOURCE_PACKAGE = "kubernetes"
+GO_BIN = Path("/usr/lib/go-1.19/bin")
+STAMP_FORMAT = 1
+
+_VERSION_RE = re.compile(r"^v(\d+\.\d+\.\d+)(-[0-9A-Za-z][0-9A-Za-z.-]*)?$")
+
+
+class ToolchainError(Exception):
+    """A toolchain request cannot be served (bad version string, nothing cached)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolchainPaths:
+    """Where the artifacts of one Kubernetes version live (they may not exist yet)."""
+
+    version: str
+    root: Path
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def images_dir(self) -> Path:
+        return self.root / "images"
+
+    @property
+    def stamp(self) -> Path:
+        return self.root / "stamp.json"
+
+    def binary(self, name: str) -> Path:
+        """Path of binary ``name`` (one of :data:`BINARIES`)."""
+        if name not in BINARIES:
+            raise ToolchainError(f"unknown binary {name!r}; the toolchain builds {', '.join(BINARIES)}")
+        return self.bin_dir / name
+
+    def image(self, name: str) -> Path:
+        """Path of the docker-archive of image ``name`` (one of :data:`IMAGES`)."""
+        if name not in IMAGES:
+            raise ToolchainError(f"unknown image {name!r}; the toolchain packs {', '.join(IMAGES)}")
+        return self.images_dir / f"{name}.tar"
+
+    def image_ref(self, name: str) -> str:
+        """Upstream reference of image ``name``, e.g. ``k8s.gcr.io/kube-apiserver:v1.20.2``."""
+        return image_ref(name, self.version)
+
+    @property
+    def binaries(self) -> dict[str, Path]:
+        return {name: self.binary(name) for name in BINARIES}
+
+    @property
+    def images(self) -> dict[str, Path]:
+        return {name: self.image(name) for name in IMAGES}
+
+    @property
+    def image_refs(self) -> dict[str, str]:
+        return {name: self.image_ref(name) for name in IMAGES}
+
+
+def image_ref(name: str, version: str) -> str:
+    """Upstream reference of image ``name`` for Kubernetes ``version``."""
+    return f"{REGISTRY}/{name}:{PAUSE_TAG if name == PAUSE else version}"
+
+
+def parse_version(version: str) -> str:
+    """The upstream release (``1.20.2``) a version string (``v1.20.2``, ``v1.20.2-kp.1``) builds."""
+    match = _VERSION_RE.match(version)
+    if match is None:
+        raise ToolchainError(
+            f"invalid Kubernetes version {version!r}: expected vMAJOR.MINOR.PATCH with an optional "
+            "-suffix, e.g. v1.20.2 or v1.20.2-kp.1"
+        )
+    return match.group(1)
+
+
+def default_cache_dir() -> Path:
+    """``$KUBEPLANE_CACHE`` or ``/var/cache/kubeplane``."""
+    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def upstream_of(source_version: str) -> str:
+    """Upstream release inside a Debian source version (``1.20.5+really1.20.2-1.1+deb12u1``)."""
+    upstream = source_version.rsplit("-", 1)[0].split(":", 1)[-1]
+    return upstream.rsplit("+really", 1)[-1]
+
+
+@dataclasses.dataclass
+class Stamp:
+    """What a finished (or partly finished) build of one version recorded about its artifacts."""
+
+    version: str
+    source_package: str = ""
+    artifacts: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path, version: str) -> Stamp:
+        """The stamp at ``path``; an empty one if it is missing, unreadable or for another version."""
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") != STAMP_FORMAT or data.get("version") != version:
+                return cls(version)
+            return cls(version, str(data.get("source_package", "")), dict(data.get("artifacts", {})))
+        except (OSError, ValueError, AttributeError):
+            return cls(version)
+
+    def save(self, path: Path) -> None:
+        data = {
+            "format": STAMP_FORMAT,
+            "version": self.version,
+            "source_package": self.source_package,
+            "artifacts": dict(sorted(self.artifacts.items())),
+        }
+        atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())
+
+    def record(self, root: Path, rel: str) -> None:
+        path = root / rel
+        self.artifacts[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+
+    def verified(self, root: Path) -> set[str]:
+        """Artifacts whose file still has the recorded size and sha256."""
+        good = set()
+        for rel, info in self.artifacts.items():
+            path = root / rel
+            try:
+                if path.stat().st_size == info.get("size") and sha256_file(path) == info.get("sha256"):
+                    good.add(rel)
+            except OSError:
+                continue
+        return good
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_copy(src: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, 0o755)  # noqa: S103 - executables every user may run
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def expected_artifacts() -> list[str]:
+    return [f"bin/{name}" for name in BINARIES] + [f"images/{name}.tar" for name in IMAGES]
+
+
+class Toolchain:
+    """The version-keyed cache of real Kubernetes components and the pipeline that fills it."""
+
+    def __init__(
+        self,
+        cache_dir: Path | None = None,
+        *,
+        apt_dir: Path = Path("/etc/apt"),
+        make_command: Sequence[str] = ("make",),
+    ) -> None:
+        self.cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
+        self.apt_dir = apt_dir
+        self.make_command = tuple(make_command)
+
+    # -- queries --------------------------------------------------------------------------
+
+    def paths(self, version: str) -> ToolchainPaths:
+        """Where the artifacts of ``version`` live (no check that they exist; see :meth:`ensure`)."""
+        parse_version(version)
+        return ToolchainPaths(version, self.cache_dir / "kubernetes" / version)
+
+    def versions(self) -> list[str]:
+        """Versions that have a stamp in the cache (complete or not)."""
+        root = self.cache_dir / "kubernetes"
+        if not root.is_dir():
+            return []
+        return sorted(p.name for p in root.iterdir() if (p / "stamp.json").is_file())
+
+    def status(self, version: str) -> dict[str, Any]:
+        """What the stamp of ``version`` says and which artifacts still verify."""
+        paths = self.paths(version)
+        stamp = Stamp.load(paths.stamp, version)
+        good = stamp.verified(paths.root)
+        missing = [rel for rel in expected_artifacts() if rel not in good]
+        return {
+            "version": version,
+            "complete": not missing,
+            "source_package": stamp.source_package,
+            "root": str(paths.root),
+            "binaries": {name: str(p) for name, p in paths.binaries.items()},
+            "images": {paths.image_ref(name): str(p) for name, p in paths.images.items()},
+            "missing": missing,
+        }
+
+    def require(self, version: str) -> ToolchainPaths:
+        """Paths of ``version`` if its cache entry is complete and verifies; raises otherwise."""
+        paths = self.paths(version)
+        good = Stamp.load(paths.stamp, version).verified(paths.root)
+        missing = [rel for rel in expected_artifacts() if rel not in good]
+        if missing:
+            raise ToolchainError(
+                f"toolchain {version} in {paths.root} is missing or corrupt ({', '.join(missing)}); "
+                f"run `kubeplane toolchain build --version {version}` (or scripts/setup)"
+            )
+        return paths
+
+    # -- the pipeline ---------------------------------------------------------------------
+
+    def ensure(self, version: str, *, progress: steps_mod.Progress = steps_mod.no_progress) -> ToolchainPaths:
+        """Build whatever of ``version`` is missing or corrupt; returns its paths when complete."""
+        upstream = parse_version(version)
+        paths = self.paths(version)
+        with self._lock():
+            steps = steps_mod.Steps(self.cache_dir / "logs" / version, progress)
+            run = _Build(self, steps=steps, paths=paths, upstream=upstream)
+            run.execute()
+        return paths
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with (self.cache_dir / ".lock").open("w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class _Build:
+    """One run of the pipeline for one version; each step skips what is already good."""
+
+    def __init__(self, toolchain: Toolchain, *, steps: steps_mod.Steps, paths: ToolchainPaths, upstream: str):
+        self.tc = toolchain
+        self.steps = steps
+        self.paths = paths
+        self.upstream = upstream
+        self.src_dir = toolchain.cache_dir / "src"
+        self.debian_dir = self.src_dir / "debian"
+        self._tree: Path | None = None
+
+    def execute(self) -> None:
+        with self.steps.step("verify", self.paths.root.as_posix()):
+            stamp = Stamp.load(self.paths.stamp, self.paths.version)
+            good = stamp.verified(self.paths.root)
+            stamp.artifacts = {rel: info for rel, info in stamp.artifacts.items() if rel in good}
+        if all(rel in good for rel in expected_artifacts()):
+            return
+        rebuilt: set[str] = set()
+        if any(f"bin/{name}" not in good for name in KUBE_BINARIES):
+            self._build(stamp)
+            rebuilt.update(KUBE_BINARIES)
+        else:
+            self.steps.cached("build")
+        if f"bin/{PAUSE}" not in good:
+            self._pause(stamp)
+            rebuilt.add(PAUSE)
+        else:
+            self.steps.cached("pause")
+        todo = [n for n in IMAGES if n in rebuilt or f"images/{n}.tar" not in good]
+        if todo:
+            self._images(stamp, todo)
+        else:
+            self.steps.cached("images")
+
+    # -- source ---------------------------------------------------------------------------
+
+    def tree(self, stamp: Stamp) -> Path:
+        """The unpacked source tree, fetching and unpacking it first if needed."""
+        if self._tree is None:
+            dsc = self._fetched_dsc()
+            if dsc is None:
+                self._apt_sources()
+                dsc = self._fetch()
+            else:
+                self.steps.cached("fetch", dsc.name)
+            source_version = _dsc_field(dsc, "Version")
+            if upstream_of(source_version) != self.upstream:
+                raise steps_mod.StepFailed(
+                    step="fetch",
+                    reason=(
+                        f"Debian's {SOURCE_PACKAGE} source package is {source_version} (Kubernetes "
+                        f"{upstream_of(source_version)}); it cannot build {self.paths.version}. Ask for "
+                        f"v{upstream_of(source_version)} or a v{upstream_of(source_version)}-SUFFIX build"
+                    ),
+                    log=None,
+                )
+            stamp.source_package = source_version
+            self._tree = self._unpack(dsc)
+        return self._tree
+
+    def _fetched_dsc(self) -> Path | None:
+        """The cached ``.dsc`` if it and every file it lists are present and match its sha256s."""
+        for dsc in sorted(self.debian_dir.glob(f"{SOURCE_PACKAGE}_*.dsc")):
+            files = _dsc_files(dsc)
+            if files and all(
+                (self.debian_dir / name).is_file() and sha256_file(self.debian_dir / name) == digest
+                for name, digest in files.items()
+            ):
+                return dsc
+        return None
+
+    def _apt_sources(self) -> None:
+        with self.steps.step("apt-sources") as log:
+            changed = ensure_deb_src(self.tc.apt_dir)
+            with log.open("a") as handle:
+                handle.write(f"deb-src entry {'written' if changed else 'already present'}\n")
+            known = ""
+            if not changed:
+                known = self.steps.run(["apt-cache", "showsrc", SOURCE_PACKAGE], capture=True)
+            if changed or not known.strip():
+                self.steps.run(["apt-get", "update"])
+
+    def _fetch(self) -> Path:
+        with self.steps.step("fetch", f"apt-get source {SOURCE_PACKAGE}"):
+            if self.debian_dir.exists():
+                shutil.rmtree(self.debian_dir)
+            self.debian_dir.mkdir(parents=True)
+            self.steps.run(
+                ["apt-get", "source", "--download-only", SOURCE_PACKAGE],
+                cwd=self.debian_dir,
+            )
+            dsc = self._fetched_dsc()
+            if dsc is None:
+                raise steps_mod.StepError(
+                    f"apt-get source left no complete {SOURCE_PACKAGE}_*.dsc set in {self.debian_dir}"
+                )
+        return dsc
+
+    def _unpack(self, dsc: Path) -> Path:
+        orig = next(
+            (self.debian_dir / name for name in _dsc_files(dsc) if ".orig.tar." in name),
+            None,
+        )
+        if orig is None:
+            raise steps_mod.StepFailed(step="unpack", reason=f"{dsc} lists no .orig tarball", log=None)
+        marker_name = ".kubeplane-unpacked"
+        for existing in self.src_dir.glob("kubernetes-*"):
+            marker = existing / marker_name
+            if marker.is_file() and marker.read_text() == orig.name:
+                self.steps.cached("unpack", existing.name)
+                return existing
+        with self.steps.step("unpack", orig.name):
+            with tarfile.open(orig) as archive:
+                top = archive.next()
+                if top is None:
+                    raise steps_mod.StepError(f"{orig} is empty")
+                name = top.name.split("/", 1)[0]
+                tree = self.src_dir / name
+                staging = Path(tempfile.mkdtemp(dir=self.src_dir, prefix=".unpack-"))
+                try:
+                    archive.extractall(staging, filter="tar")
+                    if tree.exists():
+                        shutil.rmtree(tree)
+                    (staging / name).rename(tree)
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+            (tree / marker_name).write_text(orig.name)
+        return tree
+
+    # -- build ----------------------------------------------------------------------------
+
+    def _build_env(self, tree: Path) -> dict[str, str]:
+        cache = self.tc.cache_dir
+        gopath = cache / "go"
+        link = gopath / "src" / "k8s.io" / "kubernetes"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink() or Path(os.readlink(link)) != tree:
+            link.unlink(missing_ok=True)
+            link.symlink_to(tree)
+        (cache / "home").mkdir(exist_ok=True)
+        env = steps_mod.env_with(
+            {
+                "PATH": f"{GO_BIN}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}",
+                "CGO_ENABLED": "0",
+                "HOME": str(cache / "home"),
+                "GOPATH": str(gopath),
+                "GOCACHE": str(gopath / "cache"),
+                "GOFLAGS": "",
+            }
+        )
+        env.pop("KUBE_GIT_VERSION", None)
+        env.pop("KUBE_GIT_VERSION_FILE", None)
+        if self.paths.version != f"v{self.upstream}":
+            env["KUBE_GIT_VERSION"] = self.paths.version
+            env["KUBE_GIT_VERSION_FILE"] = str(self._version_file(tree))
+        return env
+
+    def _version_file(self, tree: Path) -> Path:
+        """Version variables for hack/lib/version.sh, which ignores ``KUBE_GIT_VERSION`` alone.
+
+        In a ``git archive`` tree the script overwrites ``KUBE_GIT_VERSION`` with the archived
+        tag; only a ``KUBE_GIT_VERSION_FILE`` replaces all of its version logic.
+        """
+        major, minor, _patch = self.upstream.split(".")
+        script = tree / "hack" / "lib" / "version.sh"
+        text = script.read_text(errors="replace") if script.is_file() else ""
+        commit = re.search(r"KUBE_GIT_COMMIT='([0-9a-f]{40})'", text)
+        values = {
+            "KUBE_GIT_COMMIT": commit.group(1) if commit else "",
+            "KUBE_GIT_TREE_STATE": "archive",
+            "KUBE_GIT_VERSION": self.paths.version,
+            "KUBE_GIT_MAJOR": major,
+            "KUBE_GIT_MINOR": minor,
+        }
+        # parse_version() admits only [0-9A-Za-z.-], so single quotes need no escaping.
+        path = self.tc.cache_dir / "src" / f"version-{self.paths.version}.env"
+        atomic_write_bytes(path, "".join(f"{key}='{value}'\n" for key, value in values.items()).encode())
+        return path
+
+    def _build(self, stamp: Stamp) -> None:
+        tree = self.tree(stamp)
+        what = " ".join(f"cmd/{name}" for name in KUBE_BINARIES)
+        with self.steps.step("build", f"make {len(KUBE_BINARIES)} binaries {self.paths.version}"):
+            self.steps.run([*self.tc.make_command, f"WHAT={what}"], cwd=tree, env=self._build_env(tree))
+            for name in KUBE_BINARIES:
+                built = tree / "_output" / "bin" / name
+                if not built.is_file():
+                    raise steps_mod.StepError(f"make finished but {built} does not exist")
+                atomic_copy(built, self.paths.binary(name))
+            said = self.steps.run([str(self.paths.binary("kube-apiserver")), "--version"], capture=True)
+            if said.strip() != f"Kubernetes {self.paths.version}":
+                raise steps_mod.StepError(
+                    f"kube-apiserver --version printed {said.strip()!r}, "
+                    f"expected 'Kubernetes {self.paths.version}'"
+                )
+            for name in KUBE_BINARIES:
+                stamp.record(self.paths.root, f"bin/{name}")
+            stamp.save(self.paths.stamp)
+
+    def _pause(self, stamp: Stamp) -> None:
+        tree = self.tree(stamp)
+        source = tree / "build" / "pause" / "linux" / "pause.c"
+        with self.steps.step("pause", "gcc -Os -static pause.c"):
+            tag = pause_source_version(tree)
+            out = self.paths.bin_dir / f".{PAUSE}.build"
+            self.paths.bin_dir.mkdir(parents=True, exist_ok=True)
+            self.steps.run(["gcc", "-Os", "-static", f"-DVERSION={tag}", "-o", str(out), str(source)])
+            os.replace(out, self.paths.binary(PAUSE))
+            stamp.record(self.paths.root, f"bin/{PAUSE}")
+            stamp.save(self.paths.stamp)
+
+    def _images(self, stamp: Stamp, names: Sequence[str]) -> None:
+        with self.steps.step("images", ", ".join(names)) as log:
+            for name in names:
+                spec = images_mod.component_image(
+                    name=name, ref=self.paths.image_ref(name), binary=self.paths.binary(name)
+                )
+                images_mod.write_docker_archive(spec, self.paths.image(name))
+                with log.open("a") as handle:
+                    handle.write(f"packed {spec.ref} -> {self.paths.image(name)}\n")
+                stamp.record(self.paths.root, f"images/{name}.tar")
+            stamp.save(self.paths.stamp)
+
+
+def pause_source_version(tree: Path) -> str:
+    """Version token for pause.c: the tree's ``build/pause/Makefile`` TAG, marked as ours.
+
+    pause.c stringifies the ``VERSION`` macro itself, so it must be a bare token, not a C string.
+    """
+    makefile = tree / "build" / "pause" / "Makefile"
+    match = re.search(r"^TAG\s*\??=\s*(\S+)", makefile.read_text(), re.MULTILINE)
+    tag = match.group(1) if match else "unknown"
+    return f"v{tag}-kubeplane"
+
+
+def _dsc_field(dsc: Path, field: str) -> str:
+    match = re.search(rf"^{field}:\s*(\S+)", dsc.read_text(errors="replace"), re.MULTILINE)
+    if match is None:
+        raise steps_mod.StepFailed(step="fetch", reason=f"{dsc} has no {field} field", log=None)
+    return match.group(1)
+
+
+def _dsc_files(dsc: Path) -> dict[str, str]:
+    """File name → sha256 from a .dsc's ``Checksums-Sha256`` field."""
+    files: dict[str, str] = {}
+    in_field = False
+    for line in dsc.read_text(errors="replace").splitlines():
+        if line.startswith("Checksums-Sha256:"):
+            in_field = True
+            continue
+        if in_field and line.startswith(" "):
+            digest, _size, name = line.split()
+            files[name] = digest
+        elif in_field:
+            break
+    return files
+
+
+# -- apt sources ---------------------------------------------------------------------------
+
+DEB_SRC_FILE = "kubeplane-deb-src.sources"
+
+
+def _deb822_stanzas(text: str) -> list[dict[str, str]]:
+    stanzas: list[dict[str, str]] = []
+    current: dict[str, str] = {}
+    key = ""
+    for line in [*text.splitlines(), ""]:
+        if not line.strip():
+            if current:
+                stanzas.append(current)
+            current, key = {}, ""
+        elif line.startswith("#"):
+            continue
+        elif line[0].isspace() and key:
+            current[key] += " " + line.strip()
+        elif ":" in line:
+            key, _, value = line.partition(":")
+            key = key.strip().lower()
+            current[key] = value.strip()
+    return stanzas
+
+
+def _one_line_entries(text: str) -> list[dict[str, str]]:
+    entries = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line.startswith("deb "):
+            continue
+        signed_by = ""
+        options = re.match(r"deb\s+\[([^]]*)\]\s+(.*)", line)
+        if options:
+            for option in options.group(1).split():
+                if option.startswith("signed-by="):
+                    signed_by = option.split("=", 1)[1]
+            fields = options.group(2).split()
+        else:
+            fields = line.split()[1:]
+        if len(fields) >= 3:
+            entry = {"types": "deb", "uris": fields[0], "suites": fields[1]}
+            entry["components"] = " ".join(fields[2:])
+            if signed_by:
+                entry["signed-by"] = signed_by
+            entries.append(entry)
+    return entries
+
+
+def deb_src_entries(apt_dir: Path) -> str:
+    """deb822 ``deb-src`` stanzas mirroring every enabled ``deb`` entry under ``apt_dir``."""
+    entries: list[dict[str, str]] = []
+    parts = apt_dir / "sources.list.d"
+    for path in sorted(parts.glob("*.sources")) if parts.is_dir() else []:
+        if path.name == DEB_SRC_FILE:
+            continue
+        entries += _deb822_stanzas(path.read_text(errors="replace"))
+    lists = [apt_dir / "sources.list", *(sorted(parts.glob("*.list")) if parts.is_dir() else [])]
+    for path in lists:
+        if path.is_file():
+            entries += _one_line_entries(path.read_text(errors="replace"))
+    stanzas = []
+    for entry in entries:
+        if "deb" not in entry.get("types", "").split() or entry.get("enabled", "yes").lower() == "no":
+            continue
+        lines = [
+            "Types: deb-src",
+            f"URIs: {entry['uris']}",
+            f"Suites: {entry['suites']}",
+            f"Components: {entry.get('components', 'main')}",
+        ]
+        if entry.get("signed-by"):
+            lines.append(f"Signed-By: {entry['signed-by']}")
+        stanzas.append("\n".join(lines))
+    if not stanzas:
+        raise steps_mod.StepError(
+            f"no enabled 'deb' entry found in {apt_dir}/sources.list or {parts}/*.sources|*.list; "
+            "configure a Debian bookworm mirror first"
+        )
+    return "# Written by kubeplane: source twins of the deb entries, for `apt-get source kubernetes`.\n" + (
+        "\n\n".join(stanzas) + "\n"
+    )
+
+
+def ensure_deb_src(apt_dir: Path) -> bool:
+    """Write kubeplane's deb-src file under ``apt_dir``; returns True if it changed."""
+    target = apt_dir / "sources.list.d" / DEB_SRC_FILE
+    content = deb_src_entries(apt_dir)
+    if target.is_file() and target.read_text() == content:
+        return False
+    atomic_write_bytes(target, content.encode())
+    return True
