@@ -1,0 +1,25 @@
+"""kubeplane.clients: thin clients for etcd and Kubernetes, the innermost layer.
+
+- :mod:`kubeplane.clients.etcd`: an asyncio etcd v3 client over etcd's JSON gateway with mutual
+  TLS and endpoint failover (KV, transactions, leases, locks, elections, members, status,
+  snapshots);
+- :mod:`kubeplane.clients.kube`: an ``ApiClient`` from kubeconfig text, retryable-error
+  classification for the official ``kubernetes`` client, and ``wait_for``.
+
+This layer imports nothing else from kubeplane, so every other layer may use it.
+
+Exceptions (all from :mod:`kubeplane.clients.errors`; ``retryable`` says whether sending the same
+request again later may succeed)::
+
+    ClientError                   base class
+    ├── EtcdError                 etcd refused or failed a request (.code: gRPC code, .endpoint)
+    │   ├── EtcdUnavailable       retryable: no endpoint answered, no leader, overloaded, timeout
+    │   ├── EtcdNotFound          lease, member or election does not exist
+    │   ├── EtcdConflict          compare-and-swap lost; state forbids the change (duplicate peer URL)
+    │   ├── EtcdInvalidRequest    malformed request (a bug in the caller)
+    │   └── EtcdPermissionDenied  the client certificate may not do this
+    └── WaitTimeout               kube.wait_for ran out of time (names what and the last error)
+
+A few ``EtcdConflict`` answers that clear up once the cluster settles (a new member not started
+yet, a learner still catching up) are marked ``retryable`` individually.
+"""

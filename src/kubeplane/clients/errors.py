@@ -1,0 +1,68 @@
+"""Exceptions raised by :mod:`kubeplane.clients` (the tree is drawn in the package docstring).
+
+Every error carries a ``retryable`` flag: ``True`` means the same request may succeed if sent
+again later (the server was unreachable, had no leader, was overloaded), ``False`` means sending
+it again unchanged will fail the same way. Callers loop on ``retryable`` and nothing else, so
+the classification lives here, next to the errors, instead of in every retry loop.
+"""
+
+from __future__ import annotations
+
+
+class ClientError(Exception):
+    """Base class of every error the thin clients raise."""
+
+    retryable: bool = False
+
+
+class EtcdError(ClientError):
+    """etcd refused or failed a request.
+
+    ``code`` is the gRPC status code etcd's gateway reported (``None`` for transport errors),
+    ``endpoint`` the URL that answered (or the last one tried).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: int | None = None,
+        endpoint: str | None = None,
+        retryable: bool | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.endpoint = endpoint
+        if retryable is not None:
+            self.retryable = retryable
+
+    def __str__(self) -> str:
+        where = f" (endpoint {self.endpoint})" if self.endpoint else ""
+        return f"{self.message}{where}"
+
+
+class EtcdUnavailable(EtcdError):
+    """No endpoint answered, or the cluster cannot serve right now (no leader, overloaded)."""
+
+    retryable = True
+
+
+class EtcdNotFound(EtcdError):
+    """The lease, member or election the request names does not exist."""
+
+
+class EtcdConflict(EtcdError):
+    """A compare-and-swap lost, or the cluster's state forbids the change (e.g. duplicate peer URL)."""
+
+
+class EtcdInvalidRequest(EtcdError):
+    """etcd rejected the request as malformed; this is a bug in the caller."""
+
+
+class EtcdPermissionDenied(EtcdError):
+    """The client certificate is not allowed to do this (authentication or RBAC)."""
+
+
+class WaitTimeout(ClientError):
+    """A wait ran out of time; the message says what was awaited and the last error seen."""

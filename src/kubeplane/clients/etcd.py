@@ -1,0 +1,786 @@
+"""An asyncio etcd v3 client over etcd's JSON gateway, with mutual TLS and endpoint failover.
+
+etcd 3.4 serves a JSON translation of its gRPC API under ``/v3/...`` on the client port itself.
+Going through it (with :mod:`httpx`) instead of gRPC keeps the client small: no generated stubs,
+and TLS is plain HTTPS with a client certificate. The gateway's conventions, which this module
+hides from callers:
+
+- every request is a ``POST`` of a JSON object; fields use the proto names (``range_end``,
+  ``create_revision`` but ``peerURLs``, ``dbSize``, ``TTL``, ``ID``);
+- ``bytes`` fields (keys, values, lock and election names) are base64, int64 fields are JSON
+  strings, and fields equal to their zero value are left out of responses;
+- failures come back as ``{"error", "message", "code"}`` with a gRPC status code, mapped here to
+  the :mod:`kubeplane.clients.errors` tree with a ``retryable`` flag;
+- streaming calls (lease keepalive, election observe, snapshot) answer with one
+  ``{"result": ...}`` JSON object per line.
+
+Endpoints are tried in order starting from the last one that answered; only a failure to
+connect moves on to the next endpoint, because a request that reached a server may have been
+applied, and resending a non-idempotent write elsewhere could apply it twice.
+
+Rejected alternative: the PyPI clients (``etcd3``, ``aetcd``...) either lack TLS client
+certificates, member management or asyncio, or pin old protobuf releases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import ssl
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from typing import IO, Any, Literal
+
+import httpx
+
+from kubeplane.clients import errors
+
+log = logging.getLogger(__name__)
+
+#: Seconds a unary request may take unless the caller says otherwise.
+DEFAULT_TIMEOUT = 10.0
+
+Operator = Literal["==", "!=", "<", ">"]
+_OPERATORS: dict[str, str] = {"==": "EQUAL", "!=": "NOT_EQUAL", "<": "LESS", ">": "GREATER"}
+
+# gRPC status codes (google.golang.org/grpc/codes) that etcd's gateway reports.
+_INVALID_ARGUMENT = 3
+_DEADLINE_EXCEEDED = 4
+_NOT_FOUND = 5
+_ALREADY_EXISTS = 6
+_PERMISSION_DENIED = 7
+_RESOURCE_EXHAUSTED = 8
+_FAILED_PRECONDITION = 9
+_ABORTED = 10
+_UNAVAILABLE = 14
+_UNAUTHENTICATED = 16
+
+_ERRORS_BY_CODE: dict[int, type[errors.EtcdError]] = {
+    _INVALID_ARGUMENT: errors.EtcdInvalidRequest,
+    _DEADLINE_EXCEEDED: errors.EtcdUnavailable,
+    _NOT_FOUND: errors.EtcdNotFound,
+    _ALREADY_EXISTS: errors.EtcdConflict,
+    _PERMISSION_DENIED: errors.EtcdPermissionDenied,
+    _RESOURCE_EXHAUSTED: errors.EtcdUnavailable,
+    _FAILED_PRECONDITION: errors.EtcdConflict,
+    _ABORTED: errors.EtcdUnavailable,
+    _UNAVAILABLE: errors.EtcdUnavailable,
+    _UNAUTHENTICATED: errors.EtcdPermissionDenied,
+}
+
+# Failed-precondition answers that clear up by themselves once the cluster settles (a member
+# that just joined is not started yet, a learner is still catching up).
+_TRANSIENT_MESSAGES = (
+    "not enough started members",
+    "in sync with leader",
+    "too many learner members",
+    "unhealthy cluster",
+)
+
+# "election: no leader" arrives as code 2 (Unknown); it means "nobody holds the election".
+_NO_LEADER = "election: no leader"
+
+
+def tls_context(*, ca: bytes, cert: bytes, key: bytes) -> ssl.SSLContext:
+    """An SSL context that trusts ``ca`` and presents ``cert``/``key`` (all PEM bytes).
+
+    :mod:`ssl` loads client certificates only from files, so the pair goes through a private
+    temporary directory that is removed before this returns.
+    """
+    context = ssl.create_default_context(cadata=ca.decode())
+    with tempfile.TemporaryDirectory(prefix="kubeplane-etcd-") as directory:
+        cert_path = os.path.join(directory, "client.crt")
+        key_path = os.path.join(directory, "client.key")
+        for path, data in ((cert_path, cert), (key_path, key)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+        context.load_cert_chain(cert_path, key_path)
+    return context
+
+
+def prefix_range_end(prefix: bytes) -> bytes:
+    """The ``range_end`` that makes a range cover every key starting with ``prefix``."""
+    trimmed = bytearray(prefix)
+    while trimmed and trimmed[-1] == 0xFF:
+        trimmed.pop()
+    if not trimmed:
+        # Every byte was 0xff (or the prefix is empty): "\0" means "to the end of the keyspace".
+        return b"\x00"
+    trimmed[-1] += 1
+    return bytes(trimmed)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+def _int(value: Any) -> int:
+    return int(value) if value is not None else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyValue:
+    """One key as etcd stores it."""
+
+    key: bytes
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int = 0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> KeyValue:
+        return cls(
+            key=_unb64(data.get("key")),
+            value=_unb64(data.get("value")),
+            create_revision=_int(data.get("create_revision")),
+            mod_revision=_int(data.get("mod_revision")),
+            version=_int(data.get("version")),
+            lease=_int(data.get("lease")),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RangeResult:
+    """The answer to a get: the keys found, how many matched in all, and the store revision."""
+
+    kvs: list[KeyValue]
+    count: int
+    more: bool
+    revision: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RangeResult:
+        return cls(
+            kvs=[KeyValue.from_json(kv) for kv in data.get("kvs", [])],
+            count=_int(data.get("count")),
+            more=bool(data.get("more", False)),
+            revision=_int(data.get("header", {}).get("revision")),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class PutResult:
+    """The revision a put created, and the previous key if ``prev_kv`` was asked for."""
+
+    revision: int
+    prev_kv: KeyValue | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PutResult:
+        prev = data.get("prev_kv")
+        return cls(
+            revision=_int(data.get("header", {}).get("revision")),
+            prev_kv=KeyValue.from_json(prev) if prev else None,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class DeleteResult:
+    """How many keys a delete removed, and the revision afterwards."""
+
+    deleted: int
+    revision: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DeleteResult:
+        return cls(deleted=_int(data.get("deleted")), revision=_int(data.get("header", {}).get("revision")))
+
+
+@dataclasses.dataclass(frozen=True)
+class Compare:
+    """One condition of a transaction; build it with the class methods."""
+
+    key: bytes
+    target: Literal["VALUE", "VERSION", "CREATE", "MOD", "LEASE"]
+    operator: Operator
+    operand: bytes | int
+
+    @classmethod
+    def value(cls, key: bytes, operator: Operator, value: bytes) -> Compare:
+        return cls(key, "VALUE", operator, value)
+
+    @classmethod
+    def version(cls, key: bytes, operator: Operator, version: int) -> Compare:
+        """``version == 0`` is how a transaction asks "the key does not exist"."""
+        return cls(key, "VERSION", operator, version)
+
+    @classmethod
+    def create_revision(cls, key: bytes, operator: Operator, revision: int) -> Compare:
+        return cls(key, "CREATE", operator, revision)
+
+    @classmethod
+    def mod_revision(cls, key: bytes, operator: Operator, revision: int) -> Compare:
+        return cls(key, "MOD", operator, revision)
+
+    def to_json(self) -> dict[str, Any]:
+        field = {
+            "VALUE": "value",
+            "VERSION": "version",
+            "CREATE": "create_revision",
+            "MOD": "mod_revision",
+            "LEASE": "lease",
+        }[self.target]
+        operand = _b64(self.operand) if isinstance(self.operand, bytes) else str(self.operand)
+        return {
+            "key": _b64(self.key),
+            "target": self.target,
+            "result": _OPERATORS[self.operator],
+            field: operand,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One request inside a transaction; build it with :meth:`get`, :meth:`put`, :meth:`delete`."""
+
+    kind: Literal["range", "put", "delete_range"]
+    body: dict[str, Any]
+
+    @classmethod
+    def get(cls, key: bytes, *, prefix: bool = False) -> Op:
+        return cls("range", _range_body(key, prefix=prefix))
+
+    @classmethod
+    def put(cls, key: bytes, value: bytes, *, lease: int = 0) -> Op:
+        return cls("put", _put_body(key, value, lease=lease))
+
+    @classmethod
+    def delete(cls, key: bytes, *, prefix: bool = False) -> Op:
+        return cls("delete_range", _range_body(key, prefix=prefix))
+
+    def to_json(self) -> dict[str, Any]:
+        return {f"request_{self.kind}": self.body}
+
+
+TxnResponse = RangeResult | PutResult | DeleteResult
+
+
+@dataclasses.dataclass(frozen=True)
+class TxnResult:
+    """Whether the compares held, and one response per operation of the branch that ran."""
+
+    succeeded: bool
+    revision: int
+    responses: list[TxnResponse]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TxnResult:
+        responses: list[TxnResponse] = []
+        for item in data.get("responses", []):
+            if "response_range" in item:
+                responses.append(RangeResult.from_json(item["response_range"]))
+            elif "response_put" in item:
+                responses.append(PutResult.from_json(item["response_put"]))
+            elif "response_delete_range" in item:
+                responses.append(DeleteResult.from_json(item["response_delete_range"]))
+        return cls(
+            succeeded=bool(data.get("succeeded", False)),
+            revision=_int(data.get("header", {}).get("revision")),
+            responses=responses,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """A granted lease: its ID and the TTL (seconds) the server granted."""
+
+    id: int
+    ttl: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderKey:
+    """Proof of leadership returned by :meth:`EtcdClient.campaign`; hand it back to resign."""
+
+    name: bytes
+    key: bytes
+    rev: int
+    lease: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LeaderKey:
+        return cls(
+            name=_unb64(data.get("name")),
+            key=_unb64(data.get("key")),
+            rev=_int(data.get("rev")),
+            lease=_int(data.get("lease")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": _b64(self.name),
+            "key": _b64(self.key),
+            "rev": str(self.rev),
+            "lease": str(self.lease),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One etcd cluster member. ``name`` is empty and ``client_urls`` too until it has started."""
+
+    id: int
+    name: str
+    peer_urls: list[str]
+    client_urls: list[str]
+    is_learner: bool
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Member:
+        return cls(
+            id=_int(data.get("ID")),
+            name=data.get("name", ""),
+            peer_urls=list(data.get("peerURLs", [])),
+            client_urls=list(data.get("clientURLs", [])),
+            is_learner=bool(data.get("isLearner", False)),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    """What one member says about itself and the cluster (``etcdctl endpoint status``)."""
+
+    endpoint: str
+    member_id: int
+    leader: int
+    version: str
+    db_size: int
+    db_size_in_use: int
+    raft_index: int
+    raft_term: int
+    raft_applied_index: int
+    is_learner: bool
+    errors: list[str]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], *, endpoint: str) -> Status:
+        return cls(
+            endpoint=endpoint,
+            member_id=_int(data.get("header", {}).get("member_id")),
+            leader=_int(data.get("leader")),
+            version=data.get("version", ""),
+            db_size=_int(data.get("dbSize")),
+            db_size_in_use=_int(data.get("dbSizeInUse")),
+            raft_index=_int(data.get("raftIndex")),
+            raft_term=_int(data.get("raftTerm")),
+            raft_applied_index=_int(data.get("raftAppliedIndex")),
+            is_learner=bool(data.get("isLearner", False)),
+            errors=list(data.get("errors", [])),
+        )
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader != 0 and self.leader == self.member_id
+
+
+def _range_body(key: bytes, *, prefix: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"key": _b64(key)}
+    if prefix:
+        body["range_end"] = _b64(prefix_range_end(key))
+    return body
+
+
+def _put_body(key: bytes, value: bytes, *, lease: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+    if lease:
+        body["lease"] = str(lease)
+    return body
+
+
+def error_from_response(*, status: int, body: bytes, endpoint: str) -> errors.EtcdError:
+    """Turn a failed gateway answer into the matching :class:`~kubeplane.clients.errors.EtcdError`."""
+    try:
+        data = json.loads(body)
+        message = str(data.get("message") or data.get("error") or "")
+        code: int | None = int(data["code"]) if "code" in data else None
+    except (ValueError, AttributeError, TypeError):
+        message, code = body.decode(errors="replace").strip(), None
+    message = message or f"HTTP {status}"
+    if _NO_LEADER in message:
+        return errors.EtcdNotFound(message, code=code, endpoint=endpoint)
+    if code is None:
+        # Not a gRPC answer at all (a proxy, a wrong port, a 404 for an unknown path).
+        kind: type[errors.EtcdError] = errors.EtcdUnavailable if status >= 500 else errors.EtcdInvalidRequest
+        return kind(f"etcd gateway answered HTTP {status}: {message}", endpoint=endpoint)
+    kind = _ERRORS_BY_CODE.get(code, errors.EtcdError)
+    transient = any(fragment in message for fragment in _TRANSIENT_MESSAGES)
+    return kind(message, code=code, endpoint=endpoint, retryable=True if transient else None)
+
+
+class EtcdClient:
+    """A connection to an etcd cluster through one or more client URLs.
+
+    Use it as an async context manager (or call :meth:`aclose`) so the HTTP connections close::
+
+        async with EtcdClient(["https://127.0.0.1:2379"], tls=tls_context(...)) as etcd:
+            await etcd.put(b"/a", b"1")
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        tls: ssl.SSLContext | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("EtcdClient needs at least one endpoint URL, e.g. https://127.0.0.1:2379")
+        self.endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
+        self.timeout = timeout
+        self._preferred = 0
+        self._http = httpx.AsyncClient(verify=tls if tls is not None else True, transport=transport)
+
+    async def __aenter__(self) -> EtcdClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- transport -------------------------------------------------------------------------
+
+    def _order(self, endpoint: str | None) -> list[str]:
+        if endpoint is not None:
+            return [endpoint.rstrip("/")]
+        return self.endpoints[self._preferred :] + self.endpoints[: self._preferred]
+
+    async def _call(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        endpoint: str | None = None,
+        timeout: float | Literal["default"] | None = "default",
+    ) -> dict[str, Any]:
+        """POST ``body`` to ``path`` and return the decoded answer (the first line of a stream)."""
+        limit = self.timeout if timeout == "default" else timeout
+        async with self._stream(path, body, endpoint=endpoint, timeout=limit) as (url, response):
+            async for line in response.aiter_lines():
+                if line.strip():
+                    return _stream_item(line, endpoint=url)
+        return {}
+
+    @contextlib.asynccontextmanager
+    async def _stream(
+        self, path: str, body: dict[str, Any], *, endpoint: str | None, timeout: float | None
+    ) -> AsyncIterator[tuple[str, httpx.Response]]:
+        """Open ``path`` on the first endpoint that accepts a connection; raise mapped errors."""
+        failures: list[str] = []
+        for url in self._order(endpoint):
+            try:
+                request = self._http.build_request(
+                    "POST",
+                    url + path,
+                    json=body,
+                    timeout=httpx.Timeout(timeout, connect=min(timeout or 5, 5)),
+                )
+                response = await self._http.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                failures.append(f"{url}: {_describe(exc)}")
+                continue
+            except httpx.TransportError as exc:
+                raise errors.EtcdUnavailable(
+                    f"etcd request {path} failed: {_describe(exc)}", endpoint=url
+                ) from exc
+            self._remember(url)
+            try:
+                if response.status_code != httpx.codes.OK:
+                    raise error_from_response(
+                        status=response.status_code, body=await response.aread(), endpoint=url
+                    )
+                try:
+                    yield url, response
+                except httpx.TransportError as exc:
+                    raise errors.EtcdUnavailable(
+                        f"etcd stream {path} broke: {_describe(exc)}", endpoint=url
+                    ) from exc
+            finally:
+                await response.aclose()
+            return
+        raise errors.EtcdUnavailable(
+            "cannot connect to any etcd endpoint: "
+            + "; ".join(failures)
+            + " — check that etcd runs and that the URLs and certificates are right"
+        )
+
+    def _remember(self, url: str) -> None:
+        if url in self.endpoints:
+            self._preferred = self.endpoints.index(url)
+
+    # -- KV --------------------------------------------------------------------------------
+
+    async def get(
+        self, key: bytes, *, prefix: bool = False, limit: int = 0, keys_only: bool = False
+    ) -> RangeResult:
+        """Read ``key`` (or every key under it with ``prefix=True``), in key order."""
+        body = _range_body(key, prefix=prefix)
+        if limit:
+            body["limit"] = str(limit)
+        if keys_only:
+            body["keys_only"] = True
+        return RangeResult.from_json(await self._call("/v3/kv/range", body))
+
+    async def get_value(self, key: bytes) -> bytes | None:
+        """The value of ``key``, or ``None`` if it does not exist."""
+        result = await self.get(key)
+        return result.kvs[0].value if result.kvs else None
+
+    async def put(self, key: bytes, value: bytes, *, lease: int = 0, prev_kv: bool = False) -> PutResult:
+        """Write ``key``; with ``lease`` the key disappears when the lease expires."""
+        body = _put_body(key, value, lease=lease)
+        if prev_kv:
+            body["prev_kv"] = True
+        return PutResult.from_json(await self._call("/v3/kv/put", body))
+
+    async def delete(self, key: bytes, *, prefix: bool = False) -> DeleteResult:
+        """Delete ``key`` (or every key under it); returns how many were deleted."""
+        return DeleteResult.from_json(await self._call("/v3/kv/deleterange", _range_body(key, prefix=prefix)))
+
+    async def txn(
+        self, compare: Sequence[Compare], success: Sequence[Op] = (), failure: Sequence[Op] = ()
+    ) -> TxnResult:
+        """Run ``success`` if every compare holds, else ``failure``, atomically."""
+        body = {
+            "compare": [item.to_json() for item in compare],
+            "success": [op.to_json() for op in success],
+            "failure": [op.to_json() for op in failure],
+        }
+        return TxnResult.from_json(await self._call("/v3/kv/txn", body))
+
+    async def compare_and_swap(
+        self, key: bytes, *, expected: bytes | None, value: bytes, lease: int = 0
+    ) -> int:
+        """Set ``key`` to ``value`` only if it currently holds ``expected`` (``None``: absent).
+
+        Returns the new revision; raises :class:`~kubeplane.clients.errors.EtcdConflict` naming
+        the key and the value found when the comparison failed.
+        """
+        condition = Compare.version(key, "==", 0) if expected is None else Compare.value(key, "==", expected)
+        result = await self.txn([condition], [Op.put(key, value, lease=lease)], [Op.get(key)])
+        if not result.succeeded:
+            found = result.responses[0] if result.responses else None
+            current = found.kvs[0].value if isinstance(found, RangeResult) and found.kvs else None
+            raise errors.EtcdConflict(
+                f"compare-and-swap on {key!r} lost: expected {expected!r}, found {current!r}; "
+                "read the key again and retry with the current value"
+            )
+        return result.revision
+
+    # -- leases ----------------------------------------------------------------------------
+
+    async def lease_grant(self, ttl: int, *, lease_id: int = 0) -> Lease:
+        """Grant a lease of ``ttl`` seconds (``lease_id=0`` lets etcd choose the ID)."""
+        body: dict[str, Any] = {"TTL": str(ttl)}
+        if lease_id:
+            body["ID"] = str(lease_id)
+        data = await self._call("/v3/lease/grant", body)
+        return Lease(id=_int(data.get("ID")), ttl=_int(data.get("TTL")))
+
+    async def lease_keepalive(self, lease_id: int) -> int:
+        """Refresh a lease once; returns its new TTL, raises ``EtcdNotFound`` if it expired."""
+        data = await self._call("/v3/lease/keepalive", {"ID": str(lease_id)})
+        ttl = _int(data.get("TTL"))
+        if ttl <= 0:
+            raise errors.EtcdNotFound(f"lease {lease_id:x} has expired or was revoked; grant a new one")
+        return ttl
+
+    async def lease_revoke(self, lease_id: int) -> None:
+        """Revoke a lease; every key attached to it is deleted."""
+        await self._call("/v3/lease/revoke", {"ID": str(lease_id)})
+
+    async def lease_ttl(self, lease_id: int) -> int:
+        """Seconds the lease has left, or -1 if it does not exist (any more)."""
+        data = await self._call("/v3/lease/timetolive", {"ID": str(lease_id)})
+        return _int(data.get("TTL"))
+
+    @contextlib.asynccontextmanager
+    async def lease(self, ttl: int) -> AsyncIterator[Lease]:
+        """A lease kept alive in the background for as long as the block runs, then revoked."""
+        granted = await self.lease_grant(ttl)
+        keeper = asyncio.create_task(self._keep_alive(granted))
+        try:
+            yield granted
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+            with contextlib.suppress(errors.EtcdNotFound):
+                await self.lease_revoke(granted.id)
+
+    async def _keep_alive(self, lease: Lease) -> None:
+        interval = max(lease.ttl / 3, 0.5)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.lease_keepalive(lease.id)
+            except errors.EtcdError as exc:
+                if not exc.retryable:
+                    log.warning("lease %x is lost: %s", lease.id, exc)
+                    return
+                log.info("retrying error: lease %x keepalive: %s", lease.id, exc)
+
+    # -- locks -----------------------------------------------------------------------------
+
+    async def lock_acquire(self, name: bytes, *, lease: int, timeout: float | None = None) -> bytes:
+        """Block until the lock ``name`` is held under ``lease``; returns the lock's key.
+
+        ``timeout=None`` waits for as long as another holder keeps the lock.
+        """
+        data = await self._call("/v3/lock/lock", {"name": _b64(name), "lease": str(lease)}, timeout=timeout)
+        return _unb64(data.get("key"))
+
+    async def lock_release(self, key: bytes) -> None:
+        """Release a lock by the key :meth:`lock_acquire` returned."""
+        await self._call("/v3/lock/unlock", {"key": _b64(key)})
+
+    @contextlib.asynccontextmanager
+    async def lock(self, name: bytes, *, ttl: int = 10, timeout: float | None = None) -> AsyncIterator[bytes]:
+        """Hold the distributed lock ``name`` for the duration of the block.
+
+        The lock hangs on a lease kept alive meanwhile, so a holder that dies releases it
+        after ``ttl`` seconds.
+        """
+        async with self.lease(ttl) as granted:
+            key = await self.lock_acquire(name, lease=granted.id, timeout=timeout)
+            try:
+                yield key
+            finally:
+                with contextlib.suppress(errors.EtcdNotFound):
+                    await self.lock_release(key)
+
+    # -- elections -------------------------------------------------------------------------
+
+    async def campaign(
+        self, name: bytes, value: bytes, *, lease: int, timeout: float | None = None
+    ) -> LeaderKey:
+        """Block until this client leads election ``name``, proclaiming ``value``."""
+        body = {"name": _b64(name), "value": _b64(value), "lease": str(lease)}
+        data = await self._call("/v3/election/campaign", body, timeout=timeout)
+        return LeaderKey.from_json(data.get("leader", {}))
+
+    async def leader(self, name: bytes) -> KeyValue | None:
+        """The current leader's key and value for election ``name``, ``None`` if nobody leads."""
+        try:
+            data = await self._call("/v3/election/leader", {"name": _b64(name)})
+        except errors.EtcdNotFound as exc:
+            if _NO_LEADER in exc.message:
+                return None
+            raise
+        kv = data.get("kv")
+        return KeyValue.from_json(kv) if kv else None
+
+    async def proclaim(self, leader: LeaderKey, value: bytes) -> None:
+        """Change the value the leader announces without giving up leadership."""
+        await self._call("/v3/election/proclaim", {"leader": leader.to_json(), "value": _b64(value)})
+
+    async def resign(self, leader: LeaderKey) -> None:
+        """Give up leadership so the next campaigner wins."""
+        await self._call("/v3/election/resign", {"leader": leader.to_json()})
+
+    async def observe(self, name: bytes) -> AsyncIterator[KeyValue]:
+        """Yield the leader of election ``name`` each time it changes (first: the current one)."""
+        async with self._stream(
+            "/v3/election/observe", {"name": _b64(name)}, endpoint=None, timeout=None
+        ) as (
+            url,
+            response,
+        ):
+            async for line in response.aiter_lines():
+                if line.strip():
+                    data = _stream_item(line, endpoint=url)
+                    yield KeyValue.from_json(data.get("kv", {}))
+
+    # -- cluster ---------------------------------------------------------------------------
+
+    async def member_list(self) -> list[Member]:
+        """Every member, started or not, voting or learner."""
+        data = await self._call("/v3/cluster/member/list", {})
+        return [Member.from_json(item) for item in data.get("members", [])]
+
+    async def member_add(self, peer_urls: Sequence[str], *, learner: bool = False) -> Member:
+        """Announce a new member by its peer URLs.
+
+        The member must then be started with ``--initial-cluster-state=existing``; a learner
+        does not vote until :meth:`member_promote`.
+        """
+        body: dict[str, Any] = {"peerURLs": list(peer_urls)}
+        if learner:
+            body["isLearner"] = True
+        data = await self._call("/v3/cluster/member/add", body)
+        return Member.from_json(data.get("member", {}))
+
+    async def member_remove(self, member_id: int) -> None:
+        """Remove a member from the cluster by ID."""
+        await self._call("/v3/cluster/member/remove", {"ID": str(member_id)})
+
+    async def member_promote(self, member_id: int) -> None:
+        """Turn a learner that has caught up into a voting member."""
+        await self._call("/v3/cluster/member/promote", {"ID": str(member_id)})
+
+    async def status(self, endpoint: str | None = None) -> Status:
+        """The status of the member behind ``endpoint`` (default: the first that answers)."""
+        async with self._stream("/v3/maintenance/status", {}, endpoint=endpoint, timeout=self.timeout) as (
+            url,
+            response,
+        ):
+            data = _stream_item((await response.aread()).decode(), endpoint=url)
+        return Status.from_json(data, endpoint=url)
+
+    async def snapshot(self, out: IO[bytes], *, endpoint: str | None = None) -> int:
+        """Stream a consistent snapshot of the database into ``out``; returns its size in bytes."""
+        written = 0
+        async with self._stream("/v3/maintenance/snapshot", {}, endpoint=endpoint, timeout=None) as (
+            url,
+            response,
+        ):
+            async for line in response.aiter_lines():
+                if line.strip():
+                    chunk = _unb64(_stream_item(line, endpoint=url).get("blob"))
+                    out.write(chunk)
+                    written += len(chunk)
+        return written
+
+
+def _describe(exc: httpx.TransportError) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.ReadError | httpx.RemoteProtocolError):
+        # With TLS 1.3 a server that refuses our client certificate just closes the connection.
+        text += " (connection closed: etcd stopped, or it refused the client certificate)"
+    return text
+
+
+def _stream_item(line: str, *, endpoint: str) -> dict[str, Any]:
+    """Decode one line of a gateway answer; streams wrap items in ``result`` or ``error``."""
+    try:
+        data = json.loads(line)
+    except ValueError as exc:
+        raise errors.EtcdUnavailable(
+            f"etcd sent a line that is not JSON: {line[:200]!r}", endpoint=endpoint
+        ) from exc
+    if not isinstance(data, dict):
+        raise errors.EtcdUnavailable(f"etcd sent unexpected JSON: {line[:200]!r}", endpoint=endpoint)
+    failure = data.get("error")
+    if isinstance(failure, dict):
+        # Streams report errors in-band as {"error": {"grpc_code", "message", ...}}.
+        body = {
+            "message": failure.get("message", ""),
+            "code": failure.get("grpc_code", failure.get("code", 2)),
+        }
+        raise error_from_response(status=500, body=json.dumps(body).encode(), endpoint=endpoint)
+    result = data.get("result", data)
+    return result if isinstance(result, dict) else {}

@@ -1,0 +1,329 @@
+"""Request/response encoding of the etcd gateway client and its error classification."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from kubeplane.clients import errors
+from kubeplane.clients import etcd as etcd_client
+
+pytestmark = pytest.mark.unit
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+Handler = Callable[[str, dict[str, Any]], httpx.Response]
+
+
+def call(
+    handler: Handler, action: Callable[[etcd_client.EtcdClient], Any]
+) -> tuple[Any, list[tuple[str, Any]]]:
+    """Run ``action`` against a client whose transport answers with ``handler``; return its
+    result and the (path, JSON body) of every request sent."""
+    sent: list[tuple[str, Any]] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append((request.url.path, body))
+        return handler(request.url.path, body)
+
+    async def scenario() -> Any:
+        transport = httpx.MockTransport(respond)
+        async with etcd_client.EtcdClient(["http://etcd:2379"], transport=transport) as etcd:
+            return await action(etcd)
+
+    return asyncio.run(scenario()), sent
+
+
+def answer(data: dict[str, Any], status: int = 200) -> Handler:
+    return lambda path, body: httpx.Response(status, json=data)
+
+
+HEADER = {"cluster_id": "1", "member_id": "2", "revision": "7", "raft_term": "3"}
+
+
+@pytest.mark.parametrize(
+    ("prefix", "end"),
+    [(b"/a/", b"/a0"), (b"a\xff", b"b"), (b"\xff\xff", b"\x00"), (b"", b"\x00"), (b"ab\xff\xff", b"ac")],
+)
+def test_prefix_range_end(prefix: bytes, end: bytes) -> None:
+    assert etcd_client.prefix_range_end(prefix) == end
+
+
+def test_get_prefix_encodes_base64_and_decodes_int64_strings() -> None:
+    response = {
+        "header": HEADER,
+        "kvs": [
+            {
+                "key": b64(b"/p/a"),
+                "value": b64(b"\x00bin"),
+                "create_revision": "5",
+                "mod_revision": "6",
+                "version": "2",
+                "lease": "99",
+            }
+        ],
+        "count": "1",
+    }
+    result, sent = call(answer(response), lambda etcd: etcd.get(b"/p/", prefix=True, limit=10))
+    assert sent == [("/v3/kv/range", {"key": b64(b"/p/"), "range_end": b64(b"/p0"), "limit": "10"})]
+    assert result.revision == 7 and result.count == 1 and not result.more
+    assert result.kvs == [etcd_client.KeyValue(b"/p/a", b"\x00bin", 5, 6, 2, 99)]
+
+
+def test_get_missing_key_tolerates_omitted_zero_fields() -> None:
+    # The gateway leaves out zero values: no kvs, no count.
+    result, _ = call(answer({"header": HEADER}), lambda etcd: etcd.get(b"/none"))
+    assert result.kvs == [] and result.count == 0
+
+
+def test_put_with_lease_sends_lease_as_string() -> None:
+    result, sent = call(answer({"header": HEADER}), lambda etcd: etcd.put(b"k", b"v", lease=12))
+    assert sent == [("/v3/kv/put", {"key": b64(b"k"), "value": b64(b"v"), "lease": "12"})]
+    assert result.revision == 7
+
+
+def test_txn_encodes_compares_and_ops_and_decodes_branch_responses() -> None:
+    compare = [
+        etcd_client.Compare.value(b"k", "==", b"old"),
+        etcd_client.Compare.version(b"n", "==", 0),
+        etcd_client.Compare.mod_revision(b"m", "<", 5),
+    ]
+    response = {
+        "header": HEADER,
+        "responses": [
+            {
+                "response_range": {
+                    "header": {"revision": "7"},
+                    "kvs": [{"key": b64(b"k"), "value": b64(b"x")}],
+                    "count": "1",
+                }
+            }
+        ],
+    }
+    result, sent = call(
+        answer(response),
+        lambda etcd: etcd.txn(compare, [etcd_client.Op.put(b"k", b"new")], [etcd_client.Op.get(b"k")]),
+    )
+    assert sent[0][1] == {
+        "compare": [
+            {"key": b64(b"k"), "target": "VALUE", "result": "EQUAL", "value": b64(b"old")},
+            {"key": b64(b"n"), "target": "VERSION", "result": "EQUAL", "version": "0"},
+            {"key": b64(b"m"), "target": "MOD", "result": "LESS", "mod_revision": "5"},
+        ],
+        "success": [{"request_put": {"key": b64(b"k"), "value": b64(b"new")}}],
+        "failure": [{"request_range": {"key": b64(b"k")}}],
+    }
+    assert not result.succeeded  # omitted "succeeded" means false
+    assert isinstance(result.responses[0], etcd_client.RangeResult)
+    assert result.responses[0].kvs[0].value == b"x"
+
+
+def test_compare_and_swap_conflict_names_key_and_current_value() -> None:
+    response = {
+        "header": HEADER,
+        "responses": [{"response_range": {"kvs": [{"key": b64(b"k"), "value": b64(b"cur")}]}}],
+    }
+    with pytest.raises(errors.EtcdConflict, match=r"b'k'.*found b'cur'") as caught:
+        call(answer(response), lambda etcd: etcd.compare_and_swap(b"k", expected=b"old", value=b"new"))
+    assert not caught.value.retryable
+
+
+def test_lease_lock_election_member_field_names() -> None:
+    responses = {
+        "/v3/lease/grant": {"header": HEADER, "ID": "4660", "TTL": "5"},
+        "/v3/lock/lock": {"header": HEADER, "key": b64(b"L/1234")},
+        "/v3/election/campaign": {
+            "header": HEADER,
+            "leader": {"name": b64(b"e"), "key": b64(b"e/1"), "rev": "8", "lease": "4660"},
+        },
+        "/v3/cluster/member/add": {
+            "header": HEADER,
+            "member": {"ID": "77", "peerURLs": ["https://p:2380"], "isLearner": True},
+        },
+    }
+
+    async def action(etcd: etcd_client.EtcdClient) -> Any:
+        lease = await etcd.lease_grant(5)
+        key = await etcd.lock_acquire(b"L", lease=lease.id)
+        leader = await etcd.campaign(b"e", b"me", lease=lease.id)
+        member = await etcd.member_add(["https://p:2380"], learner=True)
+        await etcd.resign(leader)
+        return lease, key, leader, member
+
+    (lease, key, leader, member), sent = call(
+        lambda path, body: httpx.Response(200, json=responses.get(path, {"header": HEADER})), action
+    )
+    assert lease == etcd_client.Lease(id=4660, ttl=5)
+    assert key == b"L/1234"
+    assert leader == etcd_client.LeaderKey(name=b"e", key=b"e/1", rev=8, lease=4660)
+    assert member == etcd_client.Member(
+        id=77, name="", peer_urls=["https://p:2380"], client_urls=[], is_learner=True
+    )
+    assert sent == [
+        ("/v3/lease/grant", {"TTL": "5"}),
+        ("/v3/lock/lock", {"name": b64(b"L"), "lease": "4660"}),
+        ("/v3/election/campaign", {"name": b64(b"e"), "value": b64(b"me"), "lease": "4660"}),
+        ("/v3/cluster/member/add", {"peerURLs": ["https://p:2380"], "isLearner": True}),
+        (
+            "/v3/election/resign",
+            {"leader": {"name": b64(b"e"), "key": b64(b"e/1"), "rev": "8", "lease": "4660"}},
+        ),
+    ]
+
+
+def test_keepalive_stream_result_and_expired_lease() -> None:
+    ttl, _ = call(
+        lambda path, body: httpx.Response(200, content=b'{"result":{"header":{},"ID":"1","TTL":"9"}}\n'),
+        lambda etcd: etcd.lease_keepalive(1),
+    )
+    assert ttl == 9
+    with pytest.raises(errors.EtcdNotFound, match="expired"):
+        call(
+            lambda path, body: httpx.Response(200, content=b'{"result":{"ID":"1"}}\n'),
+            lambda etcd: etcd.lease_keepalive(1),
+        )
+
+
+def test_status_and_leader() -> None:
+    status_json = {
+        "header": {"member_id": "5"},
+        "version": "3.4.23",
+        "dbSize": "24576",
+        "leader": "5",
+        "raftIndex": "10",
+        "raftTerm": "2",
+        "raftAppliedIndex": "10",
+        "dbSizeInUse": "16384",
+    }
+    status, _ = call(answer(status_json), lambda etcd: etcd.status())
+    assert status.is_leader and status.db_size == 24576 and status.raft_index == 10
+    assert status.endpoint == "http://etcd:2379"
+
+
+def test_no_election_leader_is_none() -> None:
+    failure = {"error": "election: no leader", "message": "election: no leader", "code": 2}
+    leader, _ = call(answer(failure, status=500), lambda etcd: etcd.leader(b"e"))
+    assert leader is None
+
+
+def test_snapshot_concatenates_stream_blobs() -> None:
+    stream = b"".join(
+        json.dumps({"result": {"remaining_bytes": str(r), "blob": b64(chunk)}}).encode() + b"\n"
+        for r, chunk in ((3, b"abc"), (0, b"def"))
+    )
+    out = io.BytesIO()
+    size, _ = call(lambda path, body: httpx.Response(200, content=stream), lambda etcd: etcd.snapshot(out))
+    assert size == 6 and out.getvalue() == b"abcdef"
+
+
+def test_stream_error_in_band_is_raised() -> None:
+    stream = b'{"error":{"grpc_code":14,"http_code":503,"message":"etcdserver: no leader"}}\n'
+    with pytest.raises(errors.EtcdUnavailable, match="no leader"):
+        call(lambda path, body: httpx.Response(200, content=stream), lambda etcd: etcd.snapshot(io.BytesIO()))
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "kind", "retryable"),
+    [
+        (14, "etcdserver: leader changed", errors.EtcdUnavailable, True),
+        (4, "context deadline exceeded", errors.EtcdUnavailable, True),
+        (8, "etcdserver: too many requests", errors.EtcdUnavailable, True),
+        (5, "etcdserver: requested lease not found", errors.EtcdNotFound, False),
+        (9, "etcdserver: Peer URLs already exists", errors.EtcdConflict, False),
+        (
+            9,
+            "etcdserver: re-configuration failed due to not enough started members",
+            errors.EtcdConflict,
+            True,
+        ),
+        (
+            9,
+            "etcdserver: can only promote a learner member which is in sync with leader",
+            errors.EtcdConflict,
+            True,
+        ),
+        (3, "etcdserver: key is not provided", errors.EtcdInvalidRequest, False),
+        (7, "etcdserver: permission denied", errors.EtcdPermissionDenied, False),
+        (12, "something new", errors.EtcdError, False),
+    ],
+)
+def test_error_classification(code: int, message: str, kind: type[errors.EtcdError], retryable: bool) -> None:
+    body = json.dumps({"error": message, "message": message, "code": code}).encode()
+    error = etcd_client.error_from_response(status=500, body=body, endpoint="https://e:2379")
+    assert type(error) is kind
+    assert error.retryable is retryable
+    assert error.code == code
+    assert message in str(error) and "https://e:2379" in str(error)
+
+
+def test_non_grpc_answers() -> None:
+    not_found = etcd_client.error_from_response(status=404, body=b"Not Found\n", endpoint="e")
+    assert isinstance(not_found, errors.EtcdInvalidRequest) and "HTTP 404" in str(not_found)
+    bad_gateway = etcd_client.error_from_response(status=502, body=b"<html>", endpoint="e")
+    assert isinstance(bad_gateway, errors.EtcdUnavailable) and bad_gateway.retryable
+
+
+def test_failover_skips_endpoints_that_refuse_connections_and_remembers_the_good_one() -> None:
+    hosts: list[str] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        hosts.append(request.url.host)
+        if request.url.host == "down":
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(200, json={"header": HEADER})
+
+    async def scenario() -> None:
+        transport = httpx.MockTransport(respond)
+        async with etcd_client.EtcdClient(["http://down:1", "http://up:2"], transport=transport) as etcd:
+            await etcd.put(b"a", b"1")
+            await etcd.put(b"b", b"2")
+
+    asyncio.run(scenario())
+    assert hosts == ["down", "up", "up"]
+
+
+def test_all_endpoints_down_is_retryable_and_lists_them() -> None:
+    def respond(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    async def scenario() -> None:
+        transport = httpx.MockTransport(respond)
+        async with etcd_client.EtcdClient(["http://a:1", "http://b:2"], transport=transport) as etcd:
+            await etcd.get(b"x")
+
+    with pytest.raises(errors.EtcdUnavailable, match=r"http://a:1: connection refused; http://b:2") as caught:
+        asyncio.run(scenario())
+    assert caught.value.retryable
+
+
+def test_read_error_after_sending_is_not_resent_elsewhere() -> None:
+    hosts: list[str] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        hosts.append(request.url.host)
+        raise httpx.ReadError("", request=request)
+
+    async def scenario() -> None:
+        transport = httpx.MockTransport(respond)
+        async with etcd_client.EtcdClient(["http://a:1", "http://b:2"], transport=transport) as etcd:
+            await etcd.put(b"x", b"1")
+
+    with pytest.raises(errors.EtcdUnavailable, match="client certificate"):
+        asyncio.run(scenario())
+    assert hosts == ["a"]
+
+
+def test_client_needs_an_endpoint() -> None:
+    with pytest.raises(ValueError, match="at least one endpoint"):
+        etcd_client.EtcdClient([])
