@@ -1,0 +1,95 @@
+"""Registry config, mirror path mapping, archive digests and access-log parsing (no registry)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kubeplane.provision import images, registry
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("ref", "expected"),
+    [
+        ("k8s.gcr.io/kube-apiserver:v1.20.2", ("kube-apiserver", "v1.20.2")),
+        ("k8s.gcr.io/pause:3.2", ("pause", "3.2")),
+        ("quay.io/coreos/flannel:v0.13.0", ("coreos/flannel", "v0.13.0")),
+        ("localhost:5000/thing:1", ("thing", "1")),
+        ("docker.io/library/busybox:1.33", ("library/busybox", "1.33")),
+        ("busybox:1.33", ("library/busybox", "1.33")),
+        ("busybox", ("library/busybox", "latest")),
+        ("coredns/coredns:1.8.0", ("coredns/coredns", "1.8.0")),
+        ("registry.local:6000/team/app", ("team/app", "latest")),
+    ],
+)
+def test_mirror_path_drops_the_upstream_host(ref: str, expected: tuple[str, str]) -> None:
+    assert registry.mirror_path(ref) == expected
+
+
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [("k8s.gcr.io/pause@sha256:" + "0" * 64, "pins a digest"), ("k8s.gcr.io/Bad:1", "'Bad'")],
+)
+def test_unmappable_references_are_refused(ref: str, message: str) -> None:
+    with pytest.raises(registry.RegistryError, match=message):
+        registry.mirror_path(ref)
+
+
+def test_config_serves_plain_http_from_the_cluster_dir(tmp_path: Path) -> None:
+    config = yaml.safe_load(registry.render_config(storage=tmp_path / "storage", address="10.5.0.1"))
+    assert config["http"] == {"addr": "10.5.0.1:6000"}
+    assert config["storage"]["filesystem"] == {"rootdirectory": str(tmp_path / "storage")}
+    assert config["log"]["accesslog"] == {"disabled": False}
+
+
+def test_archive_config_digest_is_the_image_id(tmp_path: Path) -> None:
+    payload = tmp_path / "hello.txt"
+    payload.write_text("hello\n")
+    spec = images.ImageSpec("k8s.gcr.io/hello:1", (images.LayerEntry("/hello.txt", "file", 0o644, payload),))
+    image_id = images.write_docker_archive(spec, tmp_path / "hello.tar")
+    assert registry.archive_config_digest(tmp_path / "hello.tar") == f"sha256:{image_id}"
+
+
+def test_archive_config_digest_refuses_other_files(tmp_path: Path) -> None:
+    (tmp_path / "junk.tar").write_bytes(b"not a tar")
+    with pytest.raises(registry.RegistryError, match=r"junk\.tar is not a docker-archive"):
+        registry.archive_config_digest(tmp_path / "junk.tar")
+
+
+def _access(client: str, request: str, status: int, agent: str) -> str:
+    """One line of the registry's access log (combined log format)."""
+    return f'{client} - - [01/Jan/2026:00:00:01 +0000] "{request} HTTP/1.1" {status} 426 "" "{agent}"'
+
+
+_NS = "?ns=k8s.gcr.io"
+_CTR = "containerd/1.6.20"
+LOG = "\n".join(
+    [
+        'time="2026-01-01T00:00:00Z" level=info msg="listening on 10.5.0.1:6000"',
+        _access("10.5.0.1", "PUT /v2/pause/manifests/3.2", 201, "skopeo/1.9.3"),
+        _access("10.5.0.1", "GET /v2/pause/manifests/3.2", 200, "kubeplane"),
+        _access("10.5.0.2", f"HEAD /v2/pause/manifests/3.2{_NS}", 200, _CTR),
+        _access("10.5.0.2", f"GET /v2/pause/manifests/sha256:abc{_NS}", 200, _CTR),
+        _access("10.5.0.2", f"GET /v2/pause/blobs/sha256:def{_NS}", 200, _CTR),
+        _access("10.5.0.3", f"GET /v2/coredns/manifests/1.7.0{_NS}", 404, _CTR),
+    ]
+)
+
+
+def test_pulls_come_from_the_access_log_without_our_own_requests(tmp_path: Path) -> None:
+    log = tmp_path / "registry.log"
+    log.write_text(LOG)
+    found = registry.pulls(log)
+    assert [(p.client, p.method, p.repository, p.kind, p.reference, p.status) for p in found] == [
+        ("10.5.0.2", "HEAD", "pause", "manifests", "3.2", 200),
+        ("10.5.0.2", "GET", "pause", "manifests", "sha256:abc", 200),
+        ("10.5.0.2", "GET", "pause", "blobs", "sha256:def", 200),
+        ("10.5.0.3", "GET", "coredns", "manifests", "1.7.0", 404),
+    ]
+    # A failed pull (404) is not a pull that went through the registry.
+    assert registry.pulled_repositories(log) == {"pause"}
+    assert registry.pulls(tmp_path / "missing.log") == []
