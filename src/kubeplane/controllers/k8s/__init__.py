@@ -3,13 +3,23 @@
 Pure rendering (no I/O, no runtime): ``render`` builds the static pods of kube-apiserver,
 kube-controller-manager and kube-scheduler, ``manifests`` the bootstrap manifests applied to the
 API server, ``files`` the layout and contents of the per-component secrets directories. The
-controllers that feed them from resources and write their results come on top of these modules.
+controllers that feed them from resources and write their results come on top of these modules,
+one module each: ``control_plane`` (K8sControlPlaneController → kcpc), ``static_pod``
+(ControlPlaneStaticPodController), ``kubelet_static_pod`` (KubeletStaticPodController),
+``manifest`` (ManifestController), ``extra_manifest`` (ExtraManifestController),
+``manifest_apply`` (ManifestApplyController), ``bootstrap_status`` (BootstrapStatusController);
+helpers: ``outputs`` (writing outputs), ``etcd_access`` (keys, client, watch), ``kube_rest``
+(asyncio Kubernetes REST with discovery).
 
 Exceptions::
 
     kubeplane.controllers.ControllerError
-    └── RenderError     an input cannot be rendered (bad image tag, bad token, bad encryption
-                        secret); the message names the input, what was wrong and what to do
+    ├── RenderError                        an input cannot be rendered (bad image tag, bad token, bad
+    │                                      encryption secret); the message names the input, what was
+    │                                      wrong and what to do
+    ├── extra_manifest.ManifestSourceError an extra manifest URL cannot be fetched or its YAML parsed
+    ├── manifest_apply.ApplyError          one object could not be applied (kept per manifest)
+    └── kube_rest.KubeApiError             a Kubernetes API request failed (``status``, 0: no answer)
 """
 
 from __future__ import annotations

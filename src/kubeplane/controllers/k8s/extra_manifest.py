@@ -1,0 +1,125 @@
+"""ExtraManifestController: ``extra-manifests`` kcpc → ``extras/Manifests``.
+
+Downloads every URL (custom CNI manifests, ``cluster.extraManifests``) with the configured
+``cluster.extraManifestHeaders`` and parses them, and the inline manifests, as multi-document YAML;
+each source becomes one Manifest whose id is ``<priority>-<url or name>``.
+
+Failures are per manifest: a URL that cannot be downloaded (the message names it) or YAML that
+does not parse into objects is logged as an error and leaves every other manifest published. The
+failed manifest keeps its previously published content, if any, so a flaky server does not make a
+manifest disappear, and the controller tries again after ``retry_interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import yaml
+
+from kubeplane.controllers import ControllerError
+from kubeplane.controllers.k8s import control_plane, outputs
+from kubeplane.resources import catalog
+from kubeplane.runtime import Input, Output, OutputKind, ReconcileContext
+
+
+class ManifestSourceError(ControllerError):
+    """One extra manifest could not be fetched or parsed; the message names it and says why."""
+
+
+def parse_documents(text: str, *, source: str) -> list[dict[str, Any]]:
+    """The objects of a multi-document YAML stream (empty documents skipped)."""
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        raise ManifestSourceError(f"{source} is not valid YAML: {' '.join(str(exc).split())}") from exc
+    objects = []
+    for index, document in enumerate(documents):
+        if document is None:
+            continue
+        if not isinstance(document, dict):
+            raise ManifestSourceError(
+                f"{source}: document {index} is a {type(document).__name__}, not a Kubernetes object"
+            )
+        objects.append(document)
+    return objects
+
+
+async def download(client: httpx.AsyncClient, url: str, *, headers: Mapping[str, str]) -> str:
+    """The body of ``url``; any failure raises :class:`ManifestSourceError` naming the URL."""
+    try:
+        response = await client.get(url, headers=dict(headers))
+        response.raise_for_status()
+    except httpx.HTTPStatusError as exc:
+        raise ManifestSourceError(
+            f"downloading extra manifest {url} failed: HTTP {exc.response.status_code}; "
+            "check the URL and cluster.extraManifestHeaders"
+        ) from exc
+    except httpx.HTTPError as exc:
+        raise ManifestSourceError(
+            f"downloading extra manifest {url} failed: {exc or type(exc).__name__}; check the URL"
+        ) from exc
+    return response.text
+
+
+class ExtraManifestController:
+    """Publishes downloaded and inline extra manifests (see module docstring)."""
+
+    name = "k8s.ExtraManifestController"
+    inputs = (
+        Input(
+            catalog.CONFIG_NAMESPACE, catalog.KUBERNETES_CONTROL_PLANE_CONFIGS, control_plane.EXTRA_MANIFESTS
+        ),
+    )
+    # Shared: ManifestController writes the same type in the ``controlplane`` namespace.
+    outputs = (Output(catalog.MANIFESTS, OutputKind.SHARED),)
+
+    def __init__(self, *, timeout: float = 30.0, retry_interval: float = 30.0) -> None:
+        self.timeout = timeout
+        self.retry_interval = retry_interval
+
+    async def reconcile(self, ctx: ReconcileContext) -> None:
+        namespace = catalog.EXTRAS_NAMESPACE
+        config = ctx.find(
+            catalog.CONFIG_NAMESPACE, catalog.KUBERNETES_CONTROL_PLANE_CONFIGS, control_plane.EXTRA_MANIFESTS
+        )
+        if config is None:
+            ctx.cleanup(namespace, catalog.MANIFESTS, ())
+            return
+        data = config.spec.to_dict()
+        headers = {str(k): str(v) for k, v in (data.get("headers") or {}).items()}
+        results: dict[str, list[dict[str, Any]] | ManifestSourceError] = {}
+
+        async with httpx.AsyncClient(timeout=self.timeout, follow_redirects=True) as client:
+
+            async def fetch(entry: Mapping[str, Any]) -> None:
+                url = str(entry["url"])
+                try:
+                    results[entry["id"]] = parse_documents(
+                        await download(client, url, headers=headers), source=f"extra manifest {url}"
+                    )
+                except ManifestSourceError as exc:
+                    results[entry["id"]] = exc
+
+            await asyncio.gather(*(fetch(entry) for entry in data.get("urls") or ()))
+        for entry in data.get("inline") or ():
+            try:
+                source = f"inline manifest {entry['name']!r}"
+                results[entry["id"]] = parse_documents(str(entry["contents"]), source=source)
+            except ManifestSourceError as exc:
+                results[entry["id"]] = exc
+
+        failed = False
+        for manifest_id, result in results.items():
+            if isinstance(result, ManifestSourceError):
+                ctx.logger.error("%s", result)
+                failed = True
+                continue
+            outputs.publish(
+                ctx, namespace, catalog.MANIFESTS, manifest_id, catalog.ManifestSpec(items=result)
+            )
+        ctx.cleanup(namespace, catalog.MANIFESTS, results)
+        if failed:
+            ctx.requeue_after(self.retry_interval)

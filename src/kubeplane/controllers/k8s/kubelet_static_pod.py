@@ -1,0 +1,152 @@
+"""KubeletStaticPodController: ``StaticPods`` → files in the kubelet's manifest directory, and back
+the kubelet's view of them → ``controlplane/StaticPodStatuses``.
+
+Files are ``kubeplane-<id>.yaml`` in ``paths.kubelet_manifests``. The kubelet restarts a static
+pod whenever its file changes, so a file is written only when its bytes differ, atomically (a
+hidden temporary file renamed over it, which the kubelet ignores because of the leading dot).
+A StaticPod being torn down loses its file before this controller lets go of its finalizer
+(``StaticPods`` is a strong input), so the pod is never destroyed while it still runs; files with
+the prefix that match no StaticPod are strays from an earlier run and are removed.
+
+All files are removed while the control plane is self-hosted (``BootstrapStatuses`` says so) or
+when the secrets status is gone; without any BootstrapStatus yet nothing is written or removed,
+since running the static pods next to a self-hosted control plane would fight over its ports.
+
+Status: every ``poll_interval`` seconds the kubelet's read-only ``/pods`` endpoint is read and
+each static (``kubernetes.io/config.source: file``) pod's ``status`` is published with id
+``<namespace>/<pod name>`` (the kubelet names a static pod ``<name>-<node>``). A kubelet that is not
+up yet is normal during boot: it is logged at debug level and the last statuses are kept.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kubeplane.config.paths import NodePaths
+from kubeplane.controllers.k8s import outputs, render
+from kubeplane.resources import Phase, catalog
+from kubeplane.runtime import Input, InputKind, Output, ReconcileContext
+
+#: The kubelet's read-only port (the agent starts the kubelet with ``--read-only-port=10255``).
+DEFAULT_PODS_URL = "http://127.0.0.1:10255/pods"
+FILE_PREFIX = "kubeplane-"
+_CONFIG_SOURCE = "kubernetes.io/config.source"
+
+
+def manifest_name(static_pod_id: str) -> str:
+    """The file name of a StaticPod in the kubelet manifest directory."""
+    return f"{FILE_PREFIX}{static_pod_id}.yaml"
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
+
+
+class KubeletStaticPodController:
+    """Writes static pod files for the kubelet and reports their status (see module docstring)."""
+
+    name = "k8s.KubeletStaticPodController"
+    inputs = (
+        Input(catalog.CONTROLPLANE_NAMESPACE, catalog.STATIC_PODS, kind=InputKind.STRONG),
+        Input(catalog.RUNTIME_NAMESPACE, catalog.BOOTSTRAP_STATUSES, catalog.BOOTSTRAP_STATUS_ID),
+        Input(catalog.CONTROLPLANE_NAMESPACE, catalog.SECRET_STATUSES, catalog.STATIC_POD_SECRETS_ID),
+    )
+    outputs = (Output(catalog.STATIC_POD_STATUSES),)
+
+    def __init__(
+        self,
+        *,
+        paths: NodePaths,
+        pods_url: str = DEFAULT_PODS_URL,
+        poll_interval: float = 15.0,
+        timeout: float = 5.0,
+    ) -> None:
+        self.directory = paths.kubelet_manifests
+        self.pods_url = pods_url
+        self.poll_interval = poll_interval
+        self.timeout = timeout
+        # Made once: building a client loads CA certificates, which blocks the event loop for tens
+        # of milliseconds — every 15 s, and in front of static pod writes queued behind a poll.
+        self._http: httpx.AsyncClient | None = None
+
+    async def reconcile(self, ctx: ReconcileContext) -> None:
+        ctx.requeue_after(self.poll_interval)
+        self._sync_files(ctx)
+        await self._refresh_statuses(ctx)
+
+    # -- files -------------------------------------------------------------------------------
+
+    def _sync_files(self, ctx: ReconcileContext) -> None:
+        # Read (and so hold) every StaticPod first, whatever happens next: the finalizer must stay
+        # until this controller has removed the file of a pod being torn down.
+        static_pods = ctx.list(catalog.CONTROLPLANE_NAMESPACE, catalog.STATIC_PODS)
+        bootstrap = ctx.find(
+            catalog.RUNTIME_NAMESPACE, catalog.BOOTSTRAP_STATUSES, catalog.BOOTSTRAP_STATUS_ID
+        )
+        if bootstrap is None:
+            ctx.logger.debug("bootstrap status unknown yet; not touching static pod files")
+            return
+        secrets = ctx.find(
+            catalog.CONTROLPLANE_NAMESPACE, catalog.SECRET_STATUSES, catalog.STATIC_POD_SECRETS_ID
+        )
+        self_hosted = (
+            isinstance(bootstrap.spec, catalog.BootstrapStatusSpec)
+            and bootstrap.spec.self_hosted_control_plane
+        )
+        wanted: dict[str, bytes] = {}
+        if self_hosted:
+            ctx.logger.debug("control plane is self-hosted; removing static pod files")
+        elif secrets is None:
+            ctx.logger.debug("control plane secrets are missing; removing static pod files")
+        else:
+            for resource in static_pods:
+                if resource.metadata.phase is Phase.RUNNING and isinstance(
+                    resource.spec, catalog.StaticPodSpec
+                ):
+                    pod: Any = resource.spec.to_dict()["pod"]
+                    wanted[manifest_name(resource.id)] = render.dump_yaml(pod).encode()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for name, data in wanted.items():
+            path = self.directory / name
+            if path.is_file() and path.read_bytes() == data:
+                continue
+            ctx.logger.info("writing static pod %r", str(path))
+            _write_atomically(path, data)
+        for path in sorted(self.directory.glob(f"{FILE_PREFIX}*.yaml")):
+            if path.name not in wanted:
+                ctx.logger.info("removing static pod %r", str(path))
+                path.unlink(missing_ok=True)
+
+    # -- statuses ----------------------------------------------------------------------------
+
+    async def _refresh_statuses(self, ctx: ReconcileContext) -> None:
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=self.timeout)
+        try:
+            response = await self._http.get(self.pods_url)
+            response.raise_for_status()
+            pod_list = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            ctx.logger.debug("kubelet pods endpoint %s not available yet: %s", self.pods_url, exc)
+            return
+        if not isinstance(pod_list, dict):
+            ctx.logger.warning(
+                "kubelet pods endpoint %s answered something other than a PodList", self.pods_url
+            )
+            return
+        keep = []
+        for pod in pod_list.get("items") or ():
+            metadata = pod.get("metadata") or {}
+            if (metadata.get("annotations") or {}).get(_CONFIG_SOURCE) != "file":
+                continue
+            pod_id = f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+            spec = catalog.StaticPodStatusSpec(pod_status=pod.get("status") or {})
+            outputs.publish(ctx, catalog.CONTROLPLANE_NAMESPACE, catalog.STATIC_POD_STATUSES, pod_id, spec)
+            keep.append(pod_id)
+        ctx.cleanup(catalog.CONTROLPLANE_NAMESPACE, catalog.STATIC_POD_STATUSES, keep)
