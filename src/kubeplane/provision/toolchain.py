@@ -629,8 +629,12 @@ def _one_line_entries(text: str) -> list[dict[str, str]]:
     return entries
 
 
-def deb_src_entries(apt_dir: Path) -> str:
-    """deb822 ``deb-src`` stanzas mirroring every enabled ``deb`` entry under ``apt_dir``."""
+def deb_entries(apt_dir: Path) -> list[dict[str, str]]:
+    """Every enabled ``deb`` entry under ``apt_dir`` (deb822 and one-line), keys lower-case.
+
+    Each entry has at least ``types``, ``uris``, ``suites`` and usually ``components`` and
+    ``signed-by``; the debootstrap of the checkpointer image takes its mirror from here.
+    """
     entries: list[dict[str, str]] = []
     parts = apt_dir / "sources.list.d"
     for path in sorted(parts.glob("*.sources")) if parts.is_dir() else []:
@@ -641,10 +645,18 @@ def deb_src_entries(apt_dir: Path) -> str:
     for path in lists:
         if path.is_file():
             entries += _one_line_entries(path.read_text(errors="replace"))
+    return [
+        entry
+        for entry in entries
+        if "deb" in entry.get("types", "").split() and entry.get("enabled", "yes").lower() != "no"
+    ]
+
+
+def deb_src_entries(apt_dir: Path) -> str:
+    """deb822 ``deb-src`` stanzas mirroring every enabled ``deb`` entry under ``apt_dir``."""
+    parts = apt_dir / "sources.list.d"
     stanzas = []
-    for entry in entries:
-        if "deb" not in entry.get("types", "").split() or entry.get("enabled", "yes").lower() == "no":
-            continue
+    for entry in deb_entries(apt_dir):
         lines = [
             "Types: deb-src",
             f"URIs: {entry['uris']}",
