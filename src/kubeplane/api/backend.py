@@ -89,3 +89,40 @@ class NodeBackend(Protocol):
     async def reboot(self) -> Document:
         """Restart the node's services in order, applying a staged config; returns a message."""
         ...
+
+    async def bootstrap(self, *, snapshot: str | None) -> Document:
+        """Found the etcd cluster on this control plane node (once per cluster lifetime).
+
+        ``snapshot`` (base64 of an etcd snapshot) rebuilds the cluster from it. Refused with
+        FailedPreconditionError naming the reason on workers, on nodes whose etcd has data or was
+        bootstrapped, and when another node already answers as the cluster.
+        """
+        ...
+
+    async def etcd_members(self) -> list[Document]:
+        """etcd members: ``{"id" (hex), "name", "peer_urls", "client_urls", "learner", "leader"}``."""
+        ...
+
+    async def etcd_leave(self, *, force: bool) -> Document:
+        """Remove this node from etcd, stop etcd and wipe its data; refused when it would lose quorum."""
+        ...
+
+    async def etcd_forfeit_leadership(self) -> Document:
+        """Move etcd leadership away from this node if it holds it."""
+        ...
+
+    def etcd_snapshot(self) -> AsyncIterator[bytes]:
+        """A consistent snapshot of the etcd database, in chunks."""
+        ...
+
+    async def kubeconfig(self) -> Document:
+        """``{"kubeconfig": YAML}``: an admin kubeconfig for the cluster (control plane nodes)."""
+        ...
+
+    async def containers(self) -> list[Document]:
+        """CRI containers: ``{"namespace", "pod", "name", "id", "image", "state", "pid"}``."""
+        ...
+
+    def container_logs(self, *, id: str, tail: int | None, follow: bool) -> AsyncIterator[str]:
+        """Log lines of a CRI container ``NAMESPACE/POD:CONTAINER`` (from the kubelet's pod logs)."""
+        ...

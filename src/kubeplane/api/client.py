@@ -12,6 +12,7 @@ when an endpoint could not be reached (so it never runs twice), and when none ca
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -240,3 +241,40 @@ class NodeClient:
     async def reboot(self) -> list[Reply[wire.Document]]:
         """Restart the node's services, applying a staged config (admin only)."""
         return await self.call("Reboot", timeout=APPLY_TIMEOUT)
+
+    async def bootstrap(self, *, snapshot: bytes | None = None) -> list[Reply[wire.Document]]:
+        """Found the etcd cluster on the node, optionally from an etcd snapshot (admin only)."""
+        request = {"snapshot": base64.b64encode(snapshot).decode("ascii") if snapshot is not None else None}
+        return await self.call("Bootstrap", request, timeout=APPLY_TIMEOUT)
+
+    async def etcd_members(self) -> list[Reply[list[wire.Document]]]:
+        """etcd members as the node sees them (admin only)."""
+        return await self.call("EtcdMembers")
+
+    async def etcd_leave(self, *, force: bool = False) -> list[Reply[wire.Document]]:
+        """Leave etcd and wipe its data (admin only)."""
+        return await self.call("EtcdLeave", {"force": force}, timeout=APPLY_TIMEOUT)
+
+    async def etcd_forfeit_leadership(self) -> list[Reply[wire.Document]]:
+        """Move etcd leadership away from the node (admin only)."""
+        return await self.call("EtcdForfeitLeadership", timeout=APPLY_TIMEOUT)
+
+    async def etcd_snapshot(self) -> AsyncIterator[Reply[bytes]]:
+        """Chunks of an etcd snapshot (admin only)."""
+        async for reply in self.stream("EtcdSnapshot"):
+            chunk = None if reply.result is None else wire.decode_chunk(reply.result)
+            yield Reply(node=reply.node, result=chunk, error=reply.error)
+
+    async def kubeconfig(self) -> list[Reply[wire.Document]]:
+        """``{"kubeconfig": YAML}`` admin kubeconfig of the cluster (admin only)."""
+        return await self.call("Kubeconfig")
+
+    async def containers(self) -> list[Reply[list[wire.Document]]]:
+        """CRI containers of the node (admin only)."""
+        return await self.call("Containers")
+
+    def container_logs(
+        self, id: str, *, tail: int | None = None, follow: bool = False
+    ) -> AsyncIterator[Reply[str]]:
+        """Log lines of the CRI container ``NAMESPACE/POD:CONTAINER`` (admin only)."""
+        return self.stream("ContainerLogs", {"id": id, "tail": tail, "follow": follow})

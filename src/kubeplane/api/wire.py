@@ -186,6 +186,21 @@ CALLS: tuple[Call, ...] = (
         for action in SERVICE_ACTIONS
     ),
     Call("Reboot", "reboot", access="admin"),
+    # Cluster formation (etcd, bootstrap) and the node's CRI containers.
+    Call("Bootstrap", "bootstrap", params=(Param("snapshot", str),), access="admin"),
+    Call("EtcdMembers", "etcd_members", access="admin"),
+    Call("EtcdLeave", "etcd_leave", params=(Param("force", bool, default=False),), access="admin"),
+    Call("EtcdForfeitLeadership", "etcd_forfeit_leadership", access="admin"),
+    Call("EtcdSnapshot", "etcd_snapshot", stream=True, access="admin", to_wire=encode_chunk),
+    Call("Kubeconfig", "kubeconfig", access="admin"),
+    Call("Containers", "containers", access="admin"),
+    Call(
+        "ContainerLogs",
+        "container_logs",
+        stream=True,
+        params=(Param("id", str, required=True), Param("tail", int), Param("follow", bool, default=False)),
+        access="admin",
+    ),
 )
 
 CALLS_BY_NAME: Mapping[str, Call] = {call.name: call for call in CALLS}

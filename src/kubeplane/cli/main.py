@@ -17,6 +17,7 @@ import click
 FAMILIES = (
     "kubeplane.cli.node",
     "kubeplane.cli.clientconfig",
+    "kubeplane.cli.cluster_ops",
     "kubeplane.cli.gen",
     "kubeplane.cli.validate",
     "kubeplane.cli.toolchain",

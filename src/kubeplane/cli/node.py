@@ -505,18 +505,30 @@ def ls(*, path: str, recurse: bool, long_format: bool, fmt: output.Format) -> No
 
 
 @click.command()
-@click.argument("service_id", metavar="SERVICE")
+@click.argument("service_id", metavar="SERVICE|NS/POD:CONTAINER")
+@click.option(
+    "-k", "--kubernetes", is_flag=True, help="Read a Kubernetes container's log (NS/POD:CONTAINER) via CRI."
+)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
 @click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Only the last N lines.")
-def logs(*, service_id: str, follow: bool, tail: int | None) -> None:
-    """Print a service's log (`controller-runtime` is the controllers' log)."""
+def logs(*, service_id: str, kubernetes: bool, follow: bool, tail: int | None) -> None:
+    """Print a service's log (`controller-runtime` is the controllers' log).
+
+    With -k, print the log of a Kubernetes container instead: `logs -k
+    kube-system/kube-apiserver-NODE:kube-apiserver` (`kubeplane containers -k` lists them).
+    """
     target = connect.resolve(connect.options())
     outcome = connect.Outcome()
     many = len(target.nodes) > 1
 
     async def scenario() -> None:
         async with connect.client(target) as node_client:
-            async for reply in node_client.logs(service_id, tail=tail, follow=follow):
+            lines = (
+                node_client.container_logs(service_id, tail=tail, follow=follow)
+                if kubernetes
+                else node_client.logs(service_id, tail=tail, follow=follow)
+            )
+            async for reply in lines:
                 if reply.error is not None:
                     outcome.fail(reply.error, node=reply.node)
                 else:

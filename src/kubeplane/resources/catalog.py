@@ -19,6 +19,7 @@ Manifests (10-kube-proxy)       controlplane  ``items``: Kubernetes objects to c
 ManifestStatuses                controlplane  ``manifestsApplied`` ids, ``errors`` id → message
 BootstrapStatuses               runtime       ``selfHostedControlPlane``
 Services (etcd, kubelet)        runtime       ``running``, ``healthy``, ``unknown``
+NodeAddresses (current)         network       ``hostname``, ``addresses`` (published by the agent)
 ==============================  ============  ================================================
 
 SecretStatuses live in ``controlplane`` (not ``secrets``): they carry no secret, only the
@@ -44,6 +45,7 @@ from kubeplane.resources.specs import DictSpec, Spec
 CONFIG_NAMESPACE = "config"
 CONTROLPLANE_NAMESPACE = "controlplane"
 EXTRAS_NAMESPACE = "extras"
+NETWORK_NAMESPACE = "network"
 RUNTIME_NAMESPACE = "runtime"
 SECRETS_NAMESPACE = "secrets"
 
@@ -60,12 +62,14 @@ ROOT_SECRETS = "RootSecrets.secrets.kubeplane.dev"
 KUBERNETES_SECRETS = "KubernetesSecrets.secrets.kubeplane.dev"
 ETCD_SECRETS = "EtcdSecrets.secrets.kubeplane.dev"
 SERVICES = "Services.runtime.kubeplane.dev"
+NODE_ADDRESSES = "NodeAddresses.network.kubeplane.dev"
 
 #: Well-known ids.
 MACHINE_CONFIG_ID = "v1alpha1"
 MACHINE_TYPE_ID = "machine-type"
 BOOTSTRAP_STATUS_ID = "control-plane"
 STATIC_POD_SECRETS_ID = "static-pods"
+NODE_ADDRESSES_ID = "current"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +157,14 @@ class ServiceSpec(Spec):
     unknown: bool = True
 
 
+@dataclasses.dataclass(frozen=True)
+class NodeAddressesSpec(Spec):
+    """The node's name and IPv4 addresses (loopback excluded), as certificates and etcd need them."""
+
+    hostname: str = ""
+    addresses: Sequence[str] = ()
+
+
 def _pod_ready(resource: Resource) -> str:
     spec = resource.spec
     if not isinstance(spec, StaticPodStatusSpec):
@@ -174,6 +186,7 @@ NAMESPACE_LIST = (
     Namespace(CONFIG_NAMESPACE, "Machine configuration and what is derived from it"),
     Namespace(CONTROLPLANE_NAMESPACE, "Control plane static pods, manifests and their status"),
     Namespace(EXTRAS_NAMESPACE, "Extra manifests downloaded from URLs or given inline"),
+    Namespace(NETWORK_NAMESPACE, "Node name and addresses"),
     Namespace(RUNTIME_NAMESPACE, "Services and bootstrap state of the node"),
     Namespace(SECRETS_NAMESPACE, "Secret material: CAs, certificates, keys, tokens"),
 )
@@ -273,6 +286,13 @@ DEFINITIONS = (
             PrintColumn("RUNNING", json_path="running"),
             PrintColumn("HEALTHY", func=_service_health),
         ),
+    ),
+    ResourceDefinition(
+        type=NODE_ADDRESSES,
+        display_type="NodeAddress",
+        default_namespace=NETWORK_NAMESPACE,
+        spec_type=NodeAddressesSpec,
+        print_columns=(PrintColumn("ADDRESSES", json_path="addresses"),),
     ),
 )
 

@@ -129,6 +129,6 @@ def test_print_column_needs_exactly_one_source() -> None:
 def test_definitions_and_namespaces_are_meta_resources() -> None:
     state = State()
     namespaces = {r.id for r in state.list("meta", NAMESPACES)}
-    assert namespaces == {"meta", "config", "controlplane", "extras", "runtime", "secrets"}
+    assert namespaces == {"meta", "config", "controlplane", "extras", "network", "runtime", "secrets"}
     rd = state.get("meta", RESOURCE_DEFINITIONS, catalog.MACHINE_TYPES)
     assert rd.spec.to_dict()["printColumns"] == [{"name": "TYPE", "jsonPath": "machineType"}]

@@ -1,0 +1,215 @@
+"""The agent's implementation of :class:`kubeplane.api.NodeBackend`.
+
+It translates API calls into reads of the node's resource state, files under the node root, the
+service supervisor and the node lifecycle (:class:`kubeplane.agent.node.Node`), and maps their
+errors to API errors with messages that name the resource, path or field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import kubeplane
+from kubeplane import api, resources
+
+if TYPE_CHECKING:
+    from kubeplane.agent.node import Node
+
+_CHUNK = 64 * 1024
+
+
+class AgentBackend:
+    """Serves the node API from a :class:`~kubeplane.agent.node.Node`."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    # -- resources ----------------------------------------------------------------------------
+
+    def _definition(self, type_name: str) -> resources.ResourceDefinition:
+        try:
+            return self._node.registry.resolve(type_name)
+        except resources.UnknownTypeError as exc:
+            raise api.NotFoundError(str(exc)) from exc
+
+    def _namespace(self, definition: resources.ResourceDefinition, namespace: str | None) -> str:
+        name = namespace or definition.default_namespace
+        try:
+            self._node.registry.namespace(name)
+        except resources.UnknownTypeError as exc:
+            raise api.NotFoundError(str(exc)) from exc
+        return name
+
+    def _state(self) -> resources.State:
+        state = self._node.state
+        if state is None:
+            raise api.UnavailableError(f"node {self._node.name} is starting: no resources yet, retry shortly")
+        return state
+
+    async def version(self) -> dict[str, Any]:
+        return {
+            "tag": kubeplane.__version__,
+            "node": self._node.name,
+            "maintenance": self._node.maintenance,
+            "kubernetes": self._node.kubernetes_version(),
+        }
+
+    async def resource_sensitive(self, *, type: str) -> bool:
+        return self._definition(type).sensitive
+
+    async def resource_get(self, *, type: str, id: str, namespace: str | None) -> dict[str, Any]:
+        definition = self._definition(type)
+        ns = self._namespace(definition, namespace)
+        resource = self._state().find(ns, definition.type, id)
+        if resource is None:
+            ref = f"{ns}/{definition.display_type}/{id}"
+            raise api.NotFoundError(f"resource {ref} not found on {self._node.name}")
+        return resources.to_output_dict(resource, node=self._node.name)
+
+    async def resource_list(self, *, type: str, namespace: str | None) -> list[dict[str, Any]]:
+        definition = self._definition(type)
+        ns = self._namespace(definition, namespace)
+        return [
+            resources.to_output_dict(resource, node=self._node.name)
+            for resource in self._state().list(ns, definition.type)
+        ]
+
+    async def resource_watch(
+        self,
+        *,
+        type: str,
+        namespace: str | None,
+        id: str | None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        definition = self._definition(type)
+        ns = self._namespace(definition, namespace)
+        watch = self._state().watch(ns, definition.type, id)
+        try:
+            async for event in watch:
+                document: dict[str, Any] = {"event": str(event.kind)}
+                if event.resource is not None:
+                    document["resource"] = resources.to_output_dict(event.resource, node=self._node.name)
+                yield document
+        except resources.FellBehindError as exc:
+            raise api.UnavailableError(f"watch fell behind on {self._node.name}: {exc}; watch again") from exc
+
+    # -- configuration ------------------------------------------------------------------------
+
+    async def apply_configuration(self, *, data: str, mode: str, dry_run: bool) -> dict[str, Any]:
+        return await self._node.apply_configuration(data=data, mode=mode, dry_run=dry_run)
+
+    async def machine_config(self) -> dict[str, Any]:
+        current = self._node.store.current()
+        staged = self._node.store.staged()
+        return {
+            "current": current.to_yaml() if current else None,
+            "staged": staged.to_yaml() if staged else None,
+        }
+
+    # -- files --------------------------------------------------------------------------------
+
+    def _path(self, relative: str) -> Path:
+        """A caller-supplied path under the node root; escaping it (``..``, symlinks) is refused."""
+        root = self._node.paths.root.resolve()
+        candidate = (root / relative.lstrip("/")).resolve()
+        if candidate != root and root not in candidate.parents:
+            message = f"path {relative!r} is outside the node root"
+            raise api.InvalidArgumentError(message, fields=[("path", message)])
+        return candidate
+
+    async def read_file(self, *, path: str) -> AsyncIterator[bytes]:
+        target = self._path(path)
+        try:
+            handle = await asyncio.to_thread(open, target, "rb")
+        except FileNotFoundError as exc:
+            raise api.NotFoundError(f"{path}: no such file on {self._node.name}") from exc
+        except IsADirectoryError as exc:
+            raise api.InvalidArgumentError(f"{path} is a directory; use ls") from exc
+        try:
+            while chunk := await asyncio.to_thread(handle.read, _CHUNK):
+                yield chunk
+        finally:
+            handle.close()
+
+    async def list_dir(self, *, path: str, recurse: bool) -> list[dict[str, Any]]:
+        target = self._path(path)
+        if not target.exists():
+            raise api.NotFoundError(f"{path}: no such file or directory on {self._node.name}")
+        return await asyncio.to_thread(_list, target, self._node.paths.root.resolve(), recurse)
+
+    # -- logs and services ----------------------------------------------------------------
+
+    async def logs(self, *, service: str, tail: int | None, follow: bool) -> AsyncIterator[str]:
+        async for line in self._node.logs(service=service, tail=tail, follow=follow):
+            yield line
+
+    async def service_list(self) -> list[dict[str, Any]]:
+        return self._node.service_list()
+
+    async def service_control(self, *, id: str, action: str) -> dict[str, Any]:
+        return await self._node.service_control(service=id, action=action)
+
+    async def reboot(self) -> dict[str, Any]:
+        return await self._node.request_reboot()
+
+    # -- cluster formation and containers -------------------------------------------------
+
+    async def bootstrap(self, *, snapshot: str | None) -> dict[str, Any]:
+        data = None
+        if snapshot is not None:
+            try:
+                data = base64.b64decode(snapshot, validate=True)
+            except ValueError as exc:
+                message = "snapshot must be the base64 of an etcd snapshot file"
+                raise api.InvalidArgumentError(message, fields=[("snapshot", message)]) from exc
+        return await self._node.bootstrap(snapshot=data)
+
+    async def etcd_members(self) -> list[dict[str, Any]]:
+        members: list[dict[str, Any]] = await self._node.etcd_call("members")
+        return members
+
+    async def etcd_leave(self, *, force: bool) -> dict[str, Any]:
+        result: dict[str, Any] = await self._node.etcd_call("leave", force=force)
+        return result
+
+    async def etcd_forfeit_leadership(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self._node.etcd_call("forfeit")
+        return result
+
+    async def etcd_snapshot(self) -> AsyncIterator[bytes]:
+        async for chunk in self._node.etcd_snapshot():
+            yield chunk
+
+    async def kubeconfig(self) -> dict[str, Any]:
+        return self._node.kubeconfig()
+
+    async def containers(self) -> list[dict[str, Any]]:
+        return await self._node.containers()
+
+    async def container_logs(self, *, id: str, tail: int | None, follow: bool) -> AsyncIterator[str]:
+        async for line in self._node.container_logs(id=id, tail=tail, follow=follow):
+            yield line
+
+
+def _list(target: Path, root: Path, recurse: bool) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = []
+    paths = [target] if not target.is_dir() else sorted(target.rglob("*") if recurse else target.iterdir())
+    for entry in paths:
+        info = entry.lstat()
+        entries.append(
+            {
+                "name": str(entry.relative_to(root)) if entry != root else ".",
+                "size": info.st_size,
+                "mode": stat.filemode(info.st_mode),
+                "is_dir": stat.S_ISDIR(info.st_mode),
+                "modified": int(info.st_mtime),
+                "link": os.readlink(entry) if stat.S_ISLNK(info.st_mode) else None,
+            }
+        )
+    return entries

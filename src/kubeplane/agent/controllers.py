@@ -1,0 +1,44 @@
+"""Which controllers a node runs.
+
+Every node registers the same set: controllers that only concern control plane nodes read the
+machine type themselves and produce nothing on workers (and clean up what they made before a
+node changed role), so a config change never needs a different controller set.
+"""
+
+from __future__ import annotations
+
+from kubeplane.config.paths import NodePaths
+from kubeplane.controllers.config.machine_type import MachineTypeController
+from kubeplane.controllers.k8s import (
+    bootstrap_status,
+    control_plane,
+    extra_manifest,
+    kubelet_static_pod,
+    manifest,
+    manifest_apply,
+    static_pod,
+)
+from kubeplane.controllers.secrets import etcd as etcd_secrets
+from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
+from kubeplane.controllers.secrets import render as render_secrets
+from kubeplane.controllers.secrets import render_etcd, root
+from kubeplane.runtime import Controller
+
+
+def for_node(*, paths: NodePaths) -> list[Controller]:
+    """The controllers of a node whose files live under ``paths``."""
+    return [
+        MachineTypeController(),
+        root.RootSecretsController(),
+        etcd_secrets.EtcdSecretsController(),
+        kubernetes_secrets.KubernetesSecretsController(),
+        render_secrets.RenderSecretsStaticPodController(paths=paths),
+        render_etcd.RenderEtcdSecretsController(paths=paths),
+        control_plane.K8sControlPlaneController(),
+        static_pod.ControlPlaneStaticPodController(paths=paths),
+        kubelet_static_pod.KubeletStaticPodController(paths=paths),
+        manifest.ManifestController(),
+        extra_manifest.ExtraManifestController(),
+        bootstrap_status.BootstrapStatusController(),
+        manifest_apply.ManifestApplyController(),
+    ]

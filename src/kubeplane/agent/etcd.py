@@ -1,0 +1,374 @@
+"""The etcd service of a control plane node: bootstrap, join, restart, leave, health, snapshots.
+
+The rules are pure and live in :mod:`kubeplane.services.etcd`; this module gathers the facts
+(data dir, bootstrap marker, member list, the Kubernetes ``Endpoints``) and acts on them.
+
+How the service starts (``pre_start``, once per start request; crashes just respawn etcd):
+
+1. wait until the etcd secrets controller wrote the certificates (``waiting for etcd
+   certificates``);
+2. the data dir holds a member already → start from it, nothing else (a restart);
+3. bootstrap was requested (``kubeplane bootstrap``, or ``machine.type: init``) → a new
+   single-member cluster, first restoring a snapshot when the bootstrap asked to recover one;
+4. otherwise join: ask the control plane endpoint for ``Endpoints default/kubernetes`` with a
+   one-hour ``system:masters`` certificate signed by the cluster CA, open an etcd client to
+   those addresses, reuse our member or ``MemberAdd`` one, start with
+   ``initial-cluster-state=existing``. Every failed attempt is a service event and is retried.
+
+The bootstrap marker (``system/etcd-bootstrap``: ``requested`` then ``done`` once etcd answered
+a quorum read) is what makes bootstrap happen once: a node that was bootstrapped and lost its
+data joins like any other node rather than founding a second cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import shutil
+import ssl
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kubeplane import config, pki
+from kubeplane.agent.store import write_atomic
+from kubeplane.clients import errors as client_errors
+from kubeplane.clients import etcd as etcd_client
+from kubeplane.config.paths import NodePaths
+from kubeplane.services import etcd as etcd_rules
+from kubeplane.services import process, supervisor
+
+log = logging.getLogger("kubeplaned.etcd")
+
+SERVICE_ID = "etcd"
+#: How long a joining node keeps trying before its events say it gave up waiting (it still retries).
+JOIN_PATIENCE = 600.0
+_PROBE_TIMEOUT = 3.0
+
+
+class EtcdNotReady(Exception):
+    """A pre-start step cannot proceed yet; the message is the service event."""
+
+
+class EtcdRefused(Exception):
+    """An etcd operation was refused; the message says why and what to do."""
+
+
+class EtcdMember:
+    """This node's etcd: the service spec and the operations the node API exposes."""
+
+    def __init__(self, *, paths: NodePaths, document: config.MachineConfig, name: str, node_ip: str) -> None:
+        self.paths = paths
+        self.document = document
+        self.name = name
+        self.node_ip = node_ip
+        self.certs = etcd_rules.EtcdCerts.under(paths.secrets / "etcd")
+        self._args: list[str] | None = None
+        self._join_started: float | None = None
+
+    # -- files ------------------------------------------------------------------------------
+
+    @property
+    def marker(self) -> Path:
+        return self.paths.system / "etcd-bootstrap"
+
+    @property
+    def recovery_snapshot(self) -> Path:
+        return self.paths.system / "etcd-recover.snapshot"
+
+    def bootstrap_state(self) -> str | None:
+        """``requested``, ``done`` or None (never bootstrapped here)."""
+        try:
+            return self.marker.read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def has_data(self) -> bool:
+        return (self.paths.etcd_data / "member").exists()
+
+    # -- the service ------------------------------------------------------------------------
+
+    def spec(self) -> supervisor.ServiceSpec:
+        return supervisor.ServiceSpec(
+            id=SERVICE_ID,
+            command=self._command,
+            pre_start=self._prepare,
+            health=supervisor.HealthCheck(self._health, interval=5.0, timeout=5.0),
+            backoff=supervisor.Backoff(initial=1.0, maximum=5.0),
+        )
+
+    async def _command(self) -> process.Command:
+        binary = shutil.which("etcd")
+        if binary is None:
+            raise FileNotFoundError("etcd is not installed (Debian package etcd-server)")
+        if self._args is None:
+            raise RuntimeError("etcd pre state did not run")
+        return process.Command([binary, *self._args])
+
+    def _render(self, initial: dict[str, str] | None, state: etcd_rules.ClusterState) -> list[str]:
+        etcd_config = self.document.model.cluster.etcd
+        return etcd_rules.render_args(
+            name=self.name,
+            node_ip=self.node_ip,
+            data_dir=self.paths.etcd_data,
+            certs=self.certs,
+            initial_cluster=initial,
+            initial_cluster_state=state,
+            extra_args=(etcd_config.extra_args if etcd_config else None) or None,
+        )
+
+    async def _prepare(self) -> None:
+        missing = [path.name for path in self.certs.all() if not path.exists()]
+        if missing:
+            raise EtcdNotReady(
+                f"waiting for etcd certificates ({', '.join(missing)} not yet in {self.certs.ca.parent})"
+            )
+        self.paths.etcd_data.mkdir(parents=True, exist_ok=True)
+        self.paths.etcd_data.chmod(0o700)
+        peer = etcd_rules.peer_url(self.node_ip)
+        if self.has_data():
+            log.info("etcd: starting from the existing data in %s", self.paths.etcd_data)
+            self._args = self._render(None, "existing")
+            return
+        state = self.bootstrap_state()
+        if state is None and self.document.model.machine.type == "init":
+            write_atomic(self.marker, "requested\n")
+            state = "requested"
+        if state == "requested":
+            if self.recovery_snapshot.exists():
+                await self._restore(peer)
+            log.info("etcd: bootstrapping a new single-member cluster")
+            self._args = self._render({self.name: peer}, "new")
+            return
+        plan = await self._join(peer)
+        self._args = self._render(plan.initial_cluster, "existing")
+
+    async def _restore(self, peer: str) -> None:
+        etcdctl = shutil.which("etcdctl") or "etcdctl"
+        data = self.paths.etcd_data
+        # etcdctl wants to create the data dir itself.
+        shutil.rmtree(data)
+        argv = [
+            etcdctl,
+            "snapshot",
+            "restore",
+            str(self.recovery_snapshot),
+            f"--name={self.name}",
+            f"--initial-cluster={self.name}={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--data-dir={data}",
+        ]
+        result = await asyncio.to_thread(
+            subprocess.run, argv, capture_output=True, text=True, check=False, env={"ETCDCTL_API": "3"}
+        )
+        if result.returncode != 0:
+            data.mkdir(parents=True, exist_ok=True)
+            raise EtcdRefused(
+                f"etcdctl snapshot restore failed: {result.stderr.strip() or result.stdout.strip()}"
+            )
+        data.chmod(0o700)
+        self.recovery_snapshot.unlink()
+        log.info("etcd: restored the snapshot into %s", data)
+
+    async def _join(self, peer: str) -> etcd_rules.JoinPlan:
+        if self._join_started is None:
+            self._join_started = time.monotonic()
+        waited = time.monotonic() - self._join_started
+        patience = "" if waited < JOIN_PATIENCE else f" (still failing after {waited / 60:.0f} min)"
+        try:
+            endpoints = await self.discover()
+        except Exception as exc:
+            raise EtcdNotReady(f"control plane endpoint not up yet{patience}: {_describe(exc)}") from exc
+        async with self.client(endpoints) as client:
+            try:
+                members = await client.member_list()
+                plan = etcd_rules.plan_join(members, name=self.name, peer=peer)
+                if plan.add:
+                    added = await client.member_add([peer])
+                    log.info("etcd: added member %x with peer URL %s", added.id, peer)
+                else:
+                    log.info("etcd: reusing member %x", plan.reuse or 0)
+            except client_errors.EtcdError as exc:
+                raise EtcdNotReady(f"joining etcd at {', '.join(endpoints)}{patience}: {exc}") from exc
+        self._join_started = None
+        return plan
+
+    async def discover(self) -> list[str]:
+        """etcd client URLs of the control plane nodes, from ``Endpoints default/kubernetes``."""
+        cluster = self.document.model.cluster
+        if cluster.ca is None or not cluster.ca.key:
+            raise EtcdRefused("cluster.ca has no key on this node: it cannot discover etcd peers")
+        authority = pki.CertKey(cert=cluster.ca.crt_pem(), key=cluster.ca.key_pem())
+        admin = pki.issue(
+            ca=authority,
+            common_name=f"kubeplane:etcd-join:{self.name}",
+            organizations=("system:masters",),
+            usages=("client",),
+            lifetime=datetime.timedelta(hours=1),
+        )
+        tls = etcd_client.tls_context(ca=authority.cert, cert=admin.cert, key=admin.key)
+        url = f"{cluster.control_plane.endpoint.rstrip('/')}/api/v1/namespaces/default/endpoints/kubernetes"
+        async with httpx.AsyncClient(verify=tls, timeout=_PROBE_TIMEOUT) as http:
+            response = await http.get(url)
+        if response.status_code != 200:
+            raise EtcdNotReady(f"GET {url} answered HTTP {response.status_code}")
+        ips = [
+            address["ip"]
+            for subset in response.json().get("subsets") or []
+            for address in subset.get("addresses") or []
+        ]
+        ips = [ip for ip in dict.fromkeys(ips) if ip != self.node_ip]
+        if not ips:
+            raise EtcdNotReady("Endpoints default/kubernetes lists no other control plane node yet")
+        return [etcd_rules.client_url(ip) for ip in ips]
+
+    def tls(self) -> ssl.SSLContext:
+        return etcd_client.tls_context(
+            ca=self.certs.ca.read_bytes(),
+            cert=self.certs.client_crt.read_bytes(),
+            key=self.certs.client_key.read_bytes(),
+        )
+
+    def client(self, endpoints: list[str] | None = None) -> etcd_client.EtcdClient:
+        """A client of this node's etcd (or of ``endpoints``) with the node's etcd client certificate."""
+        return etcd_client.EtcdClient(
+            endpoints or [etcd_rules.client_url("127.0.0.1")], tls=self.tls(), timeout=5.0
+        )
+
+    async def _health(self) -> None:
+        async with self.client() as client:
+            # A range request is linearizable by default: it needs the leader and a quorum.
+            await client.get(b"kubeplane:v1:health")
+        if self.bootstrap_state() == "requested":
+            write_atomic(self.marker, "done\n")
+
+    # -- operations -------------------------------------------------------------------------
+
+    async def bootstrap_refusal(self) -> str | None:
+        return etcd_rules.bootstrap_refusal(
+            control_plane=self.document.model.machine.is_control_plane,
+            bootstrapped=self.bootstrap_state() is not None,
+            has_data=self.has_data(),
+            other_cluster=await self.probe_other_cluster(),
+        )
+
+    async def probe_other_cluster(self) -> str | None:
+        """What answers at the control plane endpoint (an API server means a bootstrapped cluster)."""
+        endpoint = self.document.model.cluster.control_plane.endpoint.rstrip("/")
+        try:
+            async with httpx.AsyncClient(verify=False, timeout=_PROBE_TIMEOUT) as http:  # noqa: S501
+                response = await http.get(f"{endpoint}/version")
+        except httpx.HTTPError:
+            return None
+        return f"the control plane endpoint {endpoint} answers (HTTP {response.status_code})"
+
+    def request_bootstrap(self, snapshot: bytes | None) -> None:
+        if snapshot is not None:
+            self.recovery_snapshot.parent.mkdir(parents=True, exist_ok=True)
+            self.recovery_snapshot.write_bytes(snapshot)
+        write_atomic(self.marker, "requested\n")
+
+    async def members(self) -> list[dict[str, Any]]:
+        async with self.client() as client:
+            members = await client.member_list()
+            leader = 0
+            with contextlib.suppress(client_errors.EtcdError):
+                leader = (await client.status()).leader
+        return [
+            {
+                "id": f"{m.id:x}",
+                "name": m.name,
+                "peer_urls": m.peer_urls,
+                "client_urls": m.client_urls,
+                "learner": m.is_learner,
+                "leader": m.id == leader,
+            }
+            for m in members
+        ]
+
+    async def leave_plan(self, *, force: bool) -> int:
+        """Our member ID, after checking that leaving keeps a quorum (unless ``force``)."""
+        async with self.client() as client:
+            members = await client.member_list()
+            ours = next((m for m in members if m.name == self.name), None)
+            if ours is None:
+                raise EtcdRefused(f"node {self.name} is not an etcd member")
+            healthy = set()
+            for member in members:
+                for url in member.client_urls[:1]:
+                    with contextlib.suppress(client_errors.EtcdError):
+                        healthy.add((await client.status(url)).member_id)
+            refusal = etcd_rules.leave_refusal(members, leaving=ours.id, healthy=healthy)
+            if refusal is not None and not force:
+                raise EtcdRefused(f"refusing to leave etcd: {refusal}; pass --force to leave anyway")
+        return ours.id
+
+    async def remove_self(self, member_id: int) -> None:
+        async with self.client() as client:
+            members = await client.member_list()
+        others = [url for m in members if m.id != member_id for url in m.client_urls[:1]]
+        # Ask another member: the leaving one may be the leader and must not remove itself mid-answer.
+        async with self.client(others or None) as client:
+            await client.member_remove(member_id)
+
+    def wipe(self) -> None:
+        shutil.rmtree(self.paths.etcd_data, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.marker.unlink()
+
+    async def forfeit_leadership(self) -> str:
+        async with self.client() as client:
+            status = await client.status()
+            if not status.is_leader:
+                return f"{self.name} is not the etcd leader; nothing to do"
+            members = await client.member_list()
+        candidates = [m for m in members if m.id != status.member_id and not m.is_learner and m.name]
+        if not candidates:
+            return f"{self.name} is the only etcd member; it stays leader"
+        target = candidates[0]
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [
+                shutil.which("etcdctl") or "etcdctl",
+                f"--endpoints={etcd_rules.client_url('127.0.0.1')}",
+                f"--cacert={self.certs.ca}",
+                f"--cert={self.certs.client_crt}",
+                f"--key={self.certs.client_key}",
+                "move-leader",
+                f"{target.id:x}",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={"ETCDCTL_API": "3"},
+        )
+        if result.returncode != 0:
+            raise EtcdRefused(f"etcdctl move-leader failed: {result.stderr.strip()}")
+        return f"leadership moved from {self.name} to {target.name}"
+
+    async def snapshot(self) -> AsyncIterator[bytes]:
+        """A consistent snapshot of this member's database, in chunks."""
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+        class _Sink:
+            def write(self, data: bytes) -> int:
+                queue.put_nowait(data)
+                return len(data)
+
+        sink: Any = _Sink()
+        async with self.client() as client:
+            task = asyncio.create_task(client.snapshot(sink))
+            task.add_done_callback(lambda _: queue.put_nowait(None))
+            while (chunk := await queue.get()) is not None:
+                yield chunk
+            await task
+
+
+def _describe(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__

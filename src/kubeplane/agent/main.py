@@ -1,0 +1,98 @@
+"""Entry point of ``kubeplaned``, the node agent."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import click
+
+import kubeplane
+from kubeplane.agent.node import Node
+from kubeplane.config.paths import NodePaths
+from kubeplane.runtime import LOGGER_NAME as CONTROLLER_RUNTIME
+from kubeplane.services.logs import RotatingLogWriter
+
+
+class _StreamHandler(logging.Handler):
+    """Writes records to a size-capped rotating node log stream."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self._writer = RotatingLogWriter(path)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._writer.write((self.format(record) + "\n").encode())
+        except Exception:
+            self.handleError(record)
+
+
+def _setup_logging(paths: NodePaths, level: str) -> None:
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    root.setLevel(level.upper())
+    for handler in (logging.StreamHandler(), _StreamHandler(paths.logs / "kubeplaned.log")):
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    controller_stream = _StreamHandler(paths.logs / f"{CONTROLLER_RUNTIME}.log")
+    controller_stream.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logging.getLogger(CONTROLLER_RUNTIME).addHandler(controller_stream)
+
+
+async def _serve(node: Node) -> None:
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, node.stop)
+    await node.run()
+
+
+@click.group(
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+)
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/"),
+    show_default=True,
+    help="Node root directory: machine config, secrets, logs and service state live under it.",
+)
+@click.option(
+    "--listen", default="0.0.0.0:50000", show_default=True, metavar="ADDR:PORT", help="Node API address."
+)
+@click.option(
+    "--node-name", metavar="NAME", help="Name of this node (default: config hostname or listen address)."
+)
+@click.option(
+    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"])
+)
+@click.pass_context
+def cli(ctx: click.Context, root: Path, listen: str, node_name: str | None, log_level: str) -> None:
+    """kubeplaned: the kubeplane node agent.
+
+    Turns the node's machine configuration into running services (containerd, kubelet, etcd)
+    and control plane static pods, and serves the node API the kubeplane CLI talks to.
+
+    Without a machine config under --root the node starts in maintenance mode and accepts only
+    `kubeplane apply-config --insecure`.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    paths = NodePaths(root.resolve())
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    _setup_logging(paths, log_level)
+    asyncio.run(_serve(Node(root=paths.root, listen=listen, name=node_name)))
+
+
+@cli.command()
+def version() -> None:
+    """Print the agent version."""
+    click.echo(f"kubeplaned {kubeplane.__version__}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="kubeplaned")

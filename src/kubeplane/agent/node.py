@@ -1,0 +1,494 @@
+"""The node lifecycle: maintenance mode, boot, apply-config in its three modes, reboot, shutdown.
+
+A node without a machine config runs in maintenance mode: the API serves plain TLS and accepts
+only ``apply-config --insecure``. Once a config is persisted the node *boots*: it builds a fresh
+resource state from the config, starts the controller runtime and the services, and serves the
+secure API (mutual TLS with certificates issued from ``machine.ca``).
+
+A *reboot* (``apply-config`` default mode, ``kubeplane reboot``) stops services and controllers in
+order, promotes a staged config, and boots again: the agent process stays, as a machine would
+stay powered, but everything the config drives restarts. Only the machine config files survive
+(REFERENCE.md §2: state is rebuilt from the config at start).
+
+Config changes are serialised by one lock; a rejected config changes nothing on disk or in the
+state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import ipaddress
+import json
+import logging
+import socket
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from kubeplane import api, config, pki, resources
+from kubeplane.agent import containers as node_containers
+from kubeplane.agent import controllers
+from kubeplane.agent.backend import AgentBackend
+from kubeplane.agent.etcd import EtcdMember, EtcdRefused
+from kubeplane.agent.services import NodeServices
+from kubeplane.agent.store import ConfigStore
+from kubeplane.api import trustd
+from kubeplane.clients import errors as client_errors
+from kubeplane.config.paths import NodePaths
+from kubeplane.resources import catalog
+from kubeplane.runtime import Runtime
+from kubeplane.services import logs as service_logs
+from kubeplane.services import supervisor
+
+log = logging.getLogger("kubeplaned")
+
+#: Delay between answering a call and acting on it (reboot, leaving maintenance), so the answer
+#: reaches the caller before the API server restarts.
+_ACT_AFTER = 0.2
+#: Lifetime of an admin kubeconfig issued by the node when the secrets have none yet.
+_ADMIN_KUBECONFIG_LIFETIME = datetime.timedelta(days=365)
+
+
+def local_addresses() -> list[str]:
+    """IPv4 addresses of this network namespace's interfaces (loopback excluded)."""
+    try:
+        out = subprocess.run(
+            ["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, check=True, timeout=5
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for link in json.loads(out or "[]"):
+        for addr in link.get("addr_info", []):
+            ip = addr.get("local")
+            if ip and not ipaddress.ip_address(ip).is_loopback:
+                found.append(ip)
+    return found
+
+
+class Node:
+    """One kubeplaned: owns the config store, the resource state, the runtime and the API server."""
+
+    def __init__(self, *, root: Path, listen: str, name: str | None = None) -> None:
+        self.paths = NodePaths(root)
+        self.store = ConfigStore(self.paths)
+        self.registry = resources.default_registry()
+        self.listen = listen
+        host = listen.rpartition(":")[0].strip("[]")
+        self._listen_host = host if host not in ("", "0.0.0.0", "::") else None  # noqa: S104
+        self._name_override = name
+        self.name = name or self._listen_host or socket.gethostname()
+        self.maintenance = True
+        self.state: resources.State | None = None
+        self._runtime: Runtime | None = None
+        self.services: NodeServices | None = None
+        self._trustd: trustd.TrustdServer | None = None
+        self._server: api.NodeAPIServer | None = None
+        self._backend = AgentBackend(self)
+        self._lock = asyncio.Lock()
+        self._stopped = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until :meth:`stop`; boots immediately when a config was persisted earlier."""
+        document = self.store.current()
+        if document is None:
+            log.info(
+                "no machine config under %s: maintenance mode, waiting for apply-config --insecure",
+                self.paths.root,
+            )
+            self._server = await api.serve_maintenance(
+                backend=self._backend, node=self.name, listen=self.listen
+            )
+        else:
+            await self._boot(document)
+        try:
+            await self._stopped.wait()
+        finally:
+            await self._shutdown()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    async def _boot(self, document: config.MachineConfig) -> None:
+        """Start state, controllers and the secure API for ``document``."""
+        self.maintenance = False
+        model = document.model
+        hostname = model.machine.network.hostname if model.machine.network else None
+        self.name = self._name_override or hostname or self._listen_host or socket.gethostname()
+        state = resources.State(self.registry)
+        self._publish_config(state, document)
+        state.create(
+            catalog.NETWORK_NAMESPACE,
+            catalog.NODE_ADDRESSES,
+            catalog.NODE_ADDRESSES_ID,
+            spec=catalog.NodeAddressesSpec(hostname=self.name, addresses=self._addresses()),
+        )
+        runtime = Runtime(state)
+        for controller in controllers.for_node(paths=self.paths):
+            runtime.register(controller)
+        await runtime.start()
+        self.state, self._runtime = state, runtime
+        addresses = self._addresses()
+        services = NodeServices(
+            paths=self.paths,
+            document=document,
+            name=self.name,
+            node_ip=addresses[0] if addresses else "127.0.0.1",
+            state=state,
+        )
+        await services.start()
+        self.services = services
+        credentials = None
+        if self._server is None:
+            credentials, proxy = await self._api_credentials(document)
+            self._server = await api.serve(
+                backend=self._backend,
+                node=self.name,
+                credentials=credentials,
+                proxy_credentials=proxy,
+                listen=self.listen,
+                local_names=self._local_names(),
+            )
+        os_ca = model.machine.ca
+        if credentials is not None and os_ca is not None and os_ca.key and self._trustd is None:
+            trustd_server = trustd.TrustdServer(
+                token=model.machine.token or "",
+                ca=pki.CertKey(cert=os_ca.crt_pem(), key=os_ca.key_pem()),
+                credentials=credentials,
+            )
+            await trustd_server.start(f"{self._listen_host or '0.0.0.0'}:{trustd.PORT}")  # noqa: S104
+            self._trustd = trustd_server
+        log.info("node %s booted as %s", self.name, model.machine.type)
+
+    async def _halt(self) -> None:
+        """Stop services (dependents first) then controllers; the API server stays up."""
+        if self.services is not None:
+            await self.services.stop()
+            self.services = None
+        if self._runtime is not None:
+            await self._runtime.stop()
+        self._runtime = None
+        self.state = None
+
+    async def _shutdown(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await self._halt()
+        if self._trustd is not None:
+            await self._trustd.stop()
+            self._trustd = None
+        if self._server is not None:
+            await self._server.stop(grace=1.0)
+            self._server = None
+
+    def _addresses(self) -> list[str]:
+        """The node's addresses, the one it listens on first (what peers know it by)."""
+        first = [self._listen_host] if self._listen_host and _is_ip(self._listen_host) else []
+        return list(dict.fromkeys(first + local_addresses()))
+
+    def _local_names(self) -> list[str]:
+        return sorted({self.name, "127.0.0.1", "localhost", *self._addresses()})
+
+    async def _api_credentials(
+        self, document: config.MachineConfig
+    ) -> tuple[api.Credentials, api.Credentials]:
+        """Server and proxy certificates for the node API, issued from the OS CA (``machine.ca``).
+
+        Workers hold no CA key: they ask trustd on the control plane, retrying until it answers.
+        """
+        machine = document.model.machine
+        ca = machine.ca
+        if ca is None or not ca.crt:
+            raise RuntimeError("machine.ca is missing: the node API cannot have a certificate")
+        names = self._local_names()
+        sans = list(machine.cert_sans or [])
+        ips = [n for n in names if _is_ip(n)] + [s for s in sans if _is_ip(s)]
+        dns = [n for n in names if not _is_ip(n)] + [s for s in sans if not _is_ip(s)]
+        if not ca.key:
+            return await self._credentials_from_trustd(document, dns=dns, ips=ips)
+        authority = pki.CertKey(cert=ca.crt_pem(), key=ca.key_pem())
+        server = pki.issue(
+            ca=authority, common_name=self.name, dns_names=dns, ip_addresses=ips, usages=("server",)
+        )
+        proxy = pki.issue(
+            ca=authority, common_name=self.name, organizations=(api.ROLE_PROXY,), usages=("client",)
+        )
+        return (
+            api.Credentials(ca=authority.cert, cert=server.cert, key=server.key),
+            api.Credentials(ca=authority.cert, cert=proxy.cert, key=proxy.key),
+        )
+
+    async def _credentials_from_trustd(
+        self, document: config.MachineConfig, *, dns: list[str], ips: list[str]
+    ) -> tuple[api.Credentials, api.Credentials]:
+        model = document.model
+        ca = model.machine.ca
+        assert ca is not None
+        key = pki.generate_key()
+        # One certificate serves the API (server) and proxies calls (client, proxy role).
+        csr = pki.new_csr(
+            key=key, common_name=self.name, organizations=(api.ROLE_PROXY,), dns_names=dns, ip_addresses=ips
+        )
+        targets = trustd.endpoints(model.cluster.control_plane.endpoint)
+        delay = 1.0
+        while True:
+            try:
+                crt = await trustd.request_certificate(
+                    targets=targets, token=model.machine.token or "", csr=csr, ca=ca.crt_pem()
+                )
+                break
+            except trustd.TrustdError as exc:
+                log.warning("waiting for the node API certificate from trustd: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        credentials = api.Credentials(ca=ca.crt_pem(), cert=crt, key=key)
+        return credentials, credentials
+
+    def _after_reply(self, action: Callable[[], Awaitable[None]]) -> None:
+        async def later() -> None:
+            await asyncio.sleep(_ACT_AFTER)
+            try:
+                await action()
+            except Exception:
+                log.exception("node %s: background action failed", self.name)
+
+        task = asyncio.get_running_loop().create_task(later())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- configuration ------------------------------------------------------------------------
+
+    @staticmethod
+    def _publish_config(state: resources.State, document: config.MachineConfig) -> None:
+        state.modify(
+            catalog.CONFIG_NAMESPACE,
+            catalog.MACHINE_CONFIGS,
+            catalog.MACHINE_CONFIG_ID,
+            lambda _: catalog.MachineConfigSpec(data=document.to_dict()),
+        )
+
+    def kubernetes_version(self) -> str | None:
+        document = self.store.current()
+        if document is None:
+            return None
+        return document.model.cluster.api_server_image.rpartition(":")[2]
+
+    async def apply_configuration(self, *, data: str, mode: str, dry_run: bool) -> dict[str, Any]:
+        """Validate ``data`` and apply it in ``mode`` (see the module docstring)."""
+        try:
+            new = config.load(data)
+        except config.ConfigError as exc:
+            raise api.InvalidArgumentError(
+                f"invalid machine config: {len(exc.errors)} problem(s)",
+                fields=[(error.path, error.message) for error in exc.errors],
+            ) from exc
+        async with self._lock:
+            if self.maintenance:
+                return await self._apply_in_maintenance(new, dry_run=dry_run)
+            old = self.store.current()
+            assert old is not None  # booted nodes always have a config
+            if mode == "no-reboot":
+                mode = "immediate"
+            allowed = config.allowed_modes(old, new)
+            result: dict[str, Any] = {
+                "mode": mode,
+                "diff": config.diff(old, new),
+                "allowed_modes": list(allowed.modes),
+                "changed": list(allowed.changed),
+            }
+            refusal = allowed.refusal(mode)  # type: ignore[arg-type]
+            if refusal is not None:
+                raise api.FailedPreconditionError(refusal)
+            if dry_run:
+                result["message"] = f"dry run: the change would be applied in mode {mode!r}; nothing changed"
+                return result
+            if allowed.unchanged and mode != "on-reboot":
+                result["message"] = "config unchanged, nothing to apply"
+                return result
+            if mode == "on-reboot":
+                self.store.stage(new)
+                result["message"] = "config staged; it takes effect at the next reboot"
+            elif mode == "immediate":
+                self.store.save(new)
+                self.store.discard_staged()
+                if self.state is not None:
+                    self._publish_config(self.state, new)
+                result["message"] = "config applied immediately"
+            else:
+                self.store.save(new)
+                self.store.discard_staged()
+                self._after_reply(self._reboot)
+                result["message"] = "config applied; the node is rebooting to apply it"
+            log.info("apply-config (%s): %s", mode, result["message"])
+            return result
+
+    async def _apply_in_maintenance(self, new: config.MachineConfig, *, dry_run: bool) -> dict[str, Any]:
+        # There is no current config to diff against: the whole document is new.
+        result: dict[str, Any] = {"mode": "reboot", "diff": "", "changed": ["."]}
+        if dry_run:
+            result["message"] = "dry run: the node would leave maintenance mode with this config"
+            return result
+        self.store.save(new)
+        self._after_reply(self._leave_maintenance)
+        result["message"] = "config applied; the node leaves maintenance mode and boots"
+        return result
+
+    async def _leave_maintenance(self) -> None:
+        async with self._lock:
+            if self._server is not None:
+                await self._server.stop(grace=1.0)
+                self._server = None
+            document = self.store.current()
+            assert document is not None
+            await self._boot(document)
+
+    async def request_reboot(self) -> dict[str, Any]:
+        if self.maintenance:
+            raise api.FailedPreconditionError("node is in maintenance mode: apply a config first")
+        self._after_reply(self._reboot)
+        return {"message": f"node {self.name} is rebooting"}
+
+    async def _reboot(self) -> None:
+        async with self._lock:
+            log.info("reboot: stopping services and controllers")
+            await self._halt()
+            if self.store.promote_staged():
+                log.info("reboot: applied the staged machine config")
+            if self._server is not None:
+                await self._server.stop(grace=1.0)
+                self._server = None
+            document = self.store.current()
+            assert document is not None
+            await self._boot(document)
+
+    # -- logs and services --------------------------------------------------------------------
+
+    async def logs(self, *, service: str, tail: int | None, follow: bool) -> AsyncIterator[str]:
+        path = self.paths.log(service)
+        if not path.exists() and not follow:
+            known = sorted(p.stem for p in self.paths.logs.glob("*.log")) if self.paths.logs.exists() else []
+            raise api.NotFoundError(
+                f"no log {service!r} on node {self.name}; known logs: {', '.join(known) or 'none'}"
+            )
+        lines = -1 if tail is None else tail
+        if follow:
+            async for line in service_logs.follow(path, lines=lines if lines >= 0 else 1_000_000):
+                yield line
+        else:
+            for line in await asyncio.to_thread(service_logs.tail, path, lines):
+                yield line
+
+    def _services(self) -> NodeServices:
+        if self.services is None:
+            raise api.UnavailableError(f"node {self.name} runs no services (maintenance mode or rebooting)")
+        return self.services
+
+    def service_list(self) -> list[dict[str, Any]]:
+        return self.services.documents() if self.services is not None else []
+
+    async def service_control(self, *, service: str, action: str) -> dict[str, Any]:
+        try:
+            message = await self._services().control(service, action)
+        except supervisor.UnknownServiceError as exc:
+            raise api.NotFoundError(f"node {self.name}: {exc}") from exc
+        return {"message": message}
+
+    # -- cluster formation --------------------------------------------------------------------
+
+    def _etcd(self) -> EtcdMember:
+        etcd = self._services().etcd
+        if etcd is None:
+            raise api.FailedPreconditionError(f"node {self.name} is a worker: it runs no etcd")
+        return etcd
+
+    async def bootstrap(self, *, snapshot: bytes | None) -> dict[str, Any]:
+        async with self._lock:
+            services = self._services()
+            if services.etcd is None:
+                raise api.FailedPreconditionError(
+                    f"bootstrap refused on {self.name}: bootstrap is only for control plane nodes; "
+                    "this node is a worker"
+                )
+            refusal = await services.etcd.bootstrap_refusal()
+            if refusal is not None:
+                raise api.FailedPreconditionError(f"bootstrap refused on {self.name}: {refusal}")
+            services.etcd.request_bootstrap(snapshot)
+            await services.supervisor.restart("etcd")
+        how = "from the snapshot" if snapshot is not None else "as a new single-member cluster"
+        log.info("bootstrap: etcd starts %s", how)
+        return {"message": f"bootstrap started on {self.name}: etcd starts {how}"}
+
+    async def etcd_call(self, operation: str, **kwargs: Any) -> Any:
+        etcd = self._etcd()
+        try:
+            if operation == "members":
+                return await etcd.members()
+            if operation == "forfeit":
+                return {"message": await etcd.forfeit_leadership()}
+            if operation == "leave":
+                member_id = await etcd.leave_plan(force=kwargs["force"])
+                await etcd.remove_self(member_id)
+                await self._services().supervisor.stop("etcd")
+                etcd.wipe()
+                return {"message": f"{self.name} left etcd (member {member_id:x}); its etcd data is wiped"}
+        except EtcdRefused as exc:
+            raise api.FailedPreconditionError(str(exc)) from exc
+        except client_errors.EtcdError as exc:
+            raise api.UnavailableError(f"etcd on {self.name}: {exc}") from exc
+        raise ValueError(operation)
+
+    async def etcd_snapshot(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._etcd().snapshot():
+                yield chunk
+        except client_errors.EtcdError as exc:
+            raise api.UnavailableError(f"etcd on {self.name}: {exc}") from exc
+
+    def kubeconfig(self) -> dict[str, Any]:
+        state = self.state
+        secret = (
+            state.find(catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, "k8s-certs") if state else None
+        )
+        text = secret.spec.to_dict().get("adminKubeconfig") if secret is not None else None
+        if not text:
+            try:
+                text = self._services().admin_kubeconfig(lifetime=_ADMIN_KUBECONFIG_LIFETIME)
+            except ValueError as exc:
+                raise api.FailedPreconditionError(
+                    f"node {self.name} cannot issue an admin kubeconfig ({exc}): ask a control plane node"
+                ) from exc
+        return {"kubeconfig": text}
+
+    async def containers(self) -> list[dict[str, Any]]:
+        try:
+            return await node_containers.list_containers(self.paths.containerd_socket)
+        except RuntimeError as exc:
+            raise api.UnavailableError(f"containerd on {self.name}: {exc}") from exc
+
+    async def container_logs(self, *, id: str, tail: int | None, follow: bool) -> AsyncIterator[str]:
+        try:
+            path = node_containers.log_file(id)
+        except node_containers.ContainerNotFound as exc:
+            raise api.NotFoundError(f"node {self.name}: {exc}") from exc
+        except ValueError as exc:
+            raise api.InvalidArgumentError(str(exc), fields=[("id", str(exc))]) from exc
+        lines = -1 if tail is None else tail
+        if follow:
+            async for line in service_logs.follow(path, lines=lines if lines >= 0 else 1_000_000):
+                yield node_containers.cri_message(line)
+        else:
+            for line in await asyncio.to_thread(service_logs.tail, path, lines):
+                yield node_containers.cri_message(line)
+
+
+def _is_ip(value: str) -> bool:
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(value)
+        return True
+    return False

@@ -1,0 +1,538 @@
+"""The node's supervised services built from its machine config: containerd, kubelet, etcd.
+
+:class:`NodeServices` owns one :class:`~kubeplane.services.supervisor.Supervisor` per boot. It
+turns the machine config, the node paths and the node's name and address into service specs,
+publishes every change as a ``runtime/Services`` resource, and on halt tears the node's
+containers down as a powered-off machine would (kubelet first, then every container task
+through containerd, then containerd, its shims, the mounts below the node root and the cgroups).
+
+- ``containerd``: config rendered from ``machine.registries`` with the sandbox image, plus an
+  ``imports`` line for ``etc/containerd/conf.d/*.toml`` (containerd merges those fragments
+  itself, as the containerd guide describes); own socket, root and state under the node root.
+  Healthy when ``ctr version`` answers on its socket.
+- ``kubelet`` (after containerd is up): TLS bootstrapping with ``cluster.token`` against the
+  control plane endpoint, the read-only port 10255 (the static pod status controller reads
+  ``/pods`` there), CNI bridge config, its own cgroup root; images are imported into containerd
+  first by an :data:`ImageLoader` (the toolchain cache by default; the provisioner may pass a
+  registry-based one). Control plane nodes register with the master taint unless
+  ``allowSchedulingOnMasters``; kubelet v1.20 may not set ``node-role.kubernetes.io/*`` labels
+  on itself, so the agent adds them once the node registered. Healthy when ``:10248/healthz`` is.
+- ``etcd`` on control plane nodes: :mod:`kubeplane.agent.etcd`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from kubernetes import client as k8s
+
+from kubeplane import config, pki, resources
+from kubeplane.agent.etcd import EtcdMember
+from kubeplane.clients import kube
+from kubeplane.config.paths import NodePaths
+from kubeplane.resources import catalog
+from kubeplane.services import cni, containerd, kubelet, process, supervisor
+
+log = logging.getLogger("kubeplaned.services")
+
+CONTAINERD = "containerd"
+KUBELET = "kubelet"
+CRI_NAMESPACE = "k8s.io"
+READ_ONLY_PORT = 10255
+HEALTHZ_URL = "http://127.0.0.1:10248/healthz"
+CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+MASTER_TAINT = "node-role.kubernetes.io/master=:NoSchedule"
+#: Environment variable naming the toolchain cache (the same one :mod:`kubeplane.provision.toolchain` fills).
+CACHE_ENV = "KUBEPLANE_CACHE"
+_DEFAULT_CACHE = "/var/cache/kubeplane"
+
+#: ``loader(socket, versions)`` makes the sandbox and component images of ``versions`` available
+#: to the containerd listening on ``socket``.
+ImageLoader = Callable[[Path, Sequence[str]], Awaitable[None]]
+
+
+def toolchain_dir(version: str) -> Path:
+    """Where the toolchain cache keeps ``version`` (``kubernetes/<version>`` below the cache)."""
+    return Path(os.environ.get(CACHE_ENV) or _DEFAULT_CACHE) / "kubernetes" / version
+
+
+def image_tag(image: str) -> str:
+    """The tag of an image reference (``ghcr.io/x/kubelet:v1.20.2`` → ``v1.20.2``)."""
+    name = image.rsplit("/", 1)[-1]
+    return name.rpartition(":")[2] if ":" in name else "latest"
+
+
+async def ctr(socket: Path, *args: str, timeout: float = 120.0) -> str:
+    """Run ``ctr --address SOCKET -n k8s.io ARGS``; raises RuntimeError with its stderr on failure."""
+    result = await asyncio.to_thread(
+        subprocess.run,
+        ["ctr", "--address", str(socket), "-n", CRI_NAMESPACE, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"ctr {' '.join(args)}: {result.stderr.strip() or f'exit code {result.returncode}'}"
+        )
+    return result.stdout
+
+
+async def import_toolchain_images(socket: Path, versions: Sequence[str]) -> None:
+    """Import the docker-archive images of ``versions`` from the toolchain cache (skipping present ones)."""
+    present = set((await ctr(socket, "images", "ls", "-q")).split())
+    for version in dict.fromkeys(versions):
+        images = toolchain_dir(version) / "images"
+        if not images.is_dir():
+            raise FileNotFoundError(
+                f"no images for Kubernetes {version} in {images}; "
+                f"run `kubeplane toolchain build --version {version}`"
+            )
+        for archive in sorted(images.glob("*.tar")):
+            name = archive.stem
+            ref = f"k8s.gcr.io/{name}:{'3.2' if name == 'pause' else version}"
+            if ref not in present:
+                log.info("importing image %s from %s", ref, archive)
+                await ctr(socket, "images", "import", str(archive))
+
+
+def cgroup_hierarchies() -> list[Path]:
+    """Mount points of the cgroup v1 hierarchies."""
+    found = []
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if len(fields) > 2 and fields[2] == "cgroup":
+                found.append(Path(fields[1]))
+    return found
+
+
+def remove_cgroup(path: Path) -> None:
+    """rmdir a cgroup and its children deepest first (cgroupfs refuses recursive removal)."""
+    if not path.is_dir():
+        return
+    children = sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+    for child in [*children, path]:
+        with contextlib.suppress(OSError):
+            child.rmdir()
+
+
+def mounts_under(root: Path) -> list[Path]:
+    """Mount points at or below ``root``, deepest first."""
+    prefix = str(root)
+    points = set()
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            point = line.split()[1].encode().decode("unicode_escape")
+            if point == prefix or point.startswith(prefix + "/"):
+                points.add(Path(point))
+    return sorted(points, key=lambda p: len(p.parts), reverse=True)
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains ``text`` (a path unique to this node, such as its socket)."""
+    found = []
+    needle = text.encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if needle in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+    return found
+
+
+def bootstrap_kubeconfig(*, server: str, ca: bytes, token: str, cluster_name: str) -> str:
+    """A kubeconfig authenticating with a bootstrap token (kubelet TLS bootstrapping)."""
+    document = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": cluster_name,
+                "cluster": {"server": server, "certificate-authority-data": base64.b64encode(ca).decode()},
+            }
+        ],
+        "users": [{"name": "kubelet-bootstrap", "user": {"token": token}}],
+        "contexts": [
+            {"name": "bootstrap", "context": {"cluster": cluster_name, "user": "kubelet-bootstrap"}}
+        ],
+        "current-context": "bootstrap",
+    }
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+def snapshot_document(snapshot: supervisor.ServiceSnapshot) -> dict[str, Any]:
+    """The API form of a service (what ``kubeplane service`` prints)."""
+    health = snapshot.health
+    return {
+        "id": snapshot.id,
+        "state": snapshot.state.value,
+        "running": snapshot.running,
+        "pid": snapshot.pid,
+        "health": {
+            "healthy": bool(health.healthy),
+            "unknown": health.healthy is None,
+            "message": health.message,
+            "last_change": health.last_change,
+        },
+        "events": [
+            {"state": e.state.value, "message": e.message, "ts": e.timestamp} for e in snapshot.events
+        ],
+    }
+
+
+class NodeServices:
+    """The services of one booted node; :meth:`start` after boot, :meth:`stop` at halt."""
+
+    def __init__(
+        self,
+        *,
+        paths: NodePaths,
+        document: config.MachineConfig,
+        name: str,
+        node_ip: str,
+        state: resources.State,
+        image_loader: ImageLoader = import_toolchain_images,
+    ) -> None:
+        self.paths = paths
+        self.document = document
+        self.name = name
+        self.node_ip = node_ip
+        self.state = state
+        self.image_loader = image_loader
+        self.supervisor = supervisor.Supervisor(root=paths.root)
+        model = document.model
+        self.control_plane = model.machine.is_control_plane
+        self.etcd = (
+            EtcdMember(paths=paths, document=document, name=name, node_ip=node_ip)
+            if self.control_plane
+            else None
+        )
+        self.cgroup_root = f"/{self.cgroup_name(paths.root)}"
+        self._labeler: asyncio.Task[None] | None = None
+        self._unobserve: Callable[[], None] | None = None
+
+    @staticmethod
+    def cgroup_name(root: Path) -> str:
+        """kubelet's cgroup root for the node at ``root``: unique per node root on one machine."""
+        return f"kubeplane-{hashlib.sha256(str(root).encode()).hexdigest()[:10]}"
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._unobserve = self.supervisor.add_observer(self._publish)
+        for spec in self.specs():
+            self.supervisor.register(spec)
+        await self.supervisor.start_all()
+        if self.control_plane:
+            self._labeler = asyncio.create_task(self._label_node(), name="label control plane node")
+
+    async def stop(self) -> None:
+        """Stop everything the services started, kubelet first, and leave no container behind."""
+        if self._labeler is not None:
+            self._labeler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._labeler
+        await self.supervisor.stop(KUBELET)
+        if self.supervisor.snapshot(CONTAINERD).running:
+            try:
+                await self._kill_containers()
+            except Exception as exc:  # the socket may be gone already; the sweep below still runs
+                log.warning("could not stop containers through containerd: %s", exc)
+        await self.supervisor.shutdown()
+        await asyncio.to_thread(self._sweep)
+        if self._unobserve is not None:
+            self._unobserve()
+
+    async def _kill_containers(self) -> None:
+        socket = self.paths.containerd_socket
+        for task in (await ctr(socket, "tasks", "ls", "-q")).split():
+            with contextlib.suppress(RuntimeError):
+                await ctr(socket, "tasks", "kill", "-a", "-s", "SIGKILL", task)
+            with contextlib.suppress(RuntimeError):
+                await ctr(socket, "tasks", "delete", "-f", task)
+
+    def _sweep(self) -> None:
+        # Shims run in their own sessions, outside containerd's process group; their command line
+        # names this node's socket, which no other node shares.
+        for pid in processes_mentioning(str(self.paths.containerd_socket)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for _ in range(3):
+            points = [p for p in mounts_under(self.paths.root)]
+            if not points:
+                break
+            for point in points:
+                if subprocess.run(["umount", str(point)], check=False, capture_output=True).returncode != 0:
+                    subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
+        for hierarchy in cgroup_hierarchies():
+            remove_cgroup(hierarchy / self.cgroup_root.lstrip("/"))
+
+    def _publish(self, snapshot: supervisor.ServiceSnapshot) -> None:
+        spec = catalog.ServiceSpec(
+            running=snapshot.running,
+            healthy=snapshot.health.healthy is True,
+            unknown=snapshot.health.healthy is None,
+        )
+        self.state.modify(catalog.RUNTIME_NAMESPACE, catalog.SERVICES, snapshot.id, lambda _: spec)
+
+    # -- API --------------------------------------------------------------------------------
+
+    def documents(self) -> list[dict[str, Any]]:
+        return [snapshot_document(s) for s in self.supervisor.snapshots()]
+
+    async def control(self, service_id: str, action: str) -> str:
+        self.supervisor.snapshot(service_id)  # raises UnknownServiceError first
+        if action == "start":
+            await self.supervisor.start(service_id)
+        elif action == "stop":
+            await self.supervisor.stop(service_id)
+        else:
+            await self.supervisor.restart(service_id)
+        return f"service {service_id!r}: {action} requested"
+
+    # -- specs ------------------------------------------------------------------------------
+
+    def specs(self) -> list[supervisor.ServiceSpec]:
+        specs = [
+            supervisor.ServiceSpec(
+                id=CONTAINERD,
+                command=self._containerd_command,
+                pre_start=self._containerd_prepare,
+                health=supervisor.HealthCheck(self._containerd_health, interval=5.0, timeout=5.0),
+                backoff=supervisor.Backoff(initial=1.0, maximum=10.0),
+            ),
+            supervisor.ServiceSpec(
+                id=KUBELET,
+                command=self._kubelet_command,
+                depends_on=(CONTAINERD,),
+                pre_start=self._kubelet_prepare,
+                post_stop=self._kubelet_cleanup,
+                health=supervisor.HealthCheck(self._kubelet_health, interval=5.0, timeout=3.0),
+                backoff=supervisor.Backoff(initial=1.0, maximum=10.0),
+            ),
+        ]
+        if self.etcd is not None:
+            specs.append(self.etcd.spec())
+        return specs
+
+    # containerd
+
+    def containerd_config(self) -> str:
+        registries = self.document.model.machine.registries
+        mirrors = {
+            host: [str(url) for url in mirror.endpoints]
+            for host, mirror in ((registries.mirrors or {}) if registries else {}).items()
+        }
+        configs: dict[str, containerd.RegistryConfig] = {}
+        for host, entry in ((registries.config or {}) if registries else {}).items():
+            configs[host] = self._registry_config(host, entry)
+        text = containerd.render_config(node_root=self.paths.root, mirrors=mirrors, registries=configs)
+        imports = f"imports = [{_toml_str(str(self.paths.containerd_conf_d / '*.toml'))}]"
+        head, _, rest = text.partition("\n")
+        return f"{head}\n{imports}\n{rest}"
+
+    def _registry_config(self, host: str, entry: Any) -> containerd.RegistryConfig:
+        directory = self.paths.containerd_config.parent / "certs" / host.replace(":", "_")
+        files: dict[str, str] = {}
+        tls, auth = entry.tls, entry.auth
+        if tls is not None and tls.ca:
+            files["ca_file"] = _write_secret(directory / "ca.crt", base64.b64decode(tls.ca))
+        if tls is not None and tls.client_identity is not None and tls.client_identity.crt:
+            files["cert_file"] = _write_secret(directory / "client.crt", tls.client_identity.crt_pem())
+            files["key_file"] = _write_secret(directory / "client.key", tls.client_identity.key_pem())
+        return containerd.RegistryConfig(
+            insecure_skip_verify=bool(tls and tls.insecure_skip_verify),
+            username=auth.username if auth else None,
+            password=auth.password if auth else None,
+            auth=auth.auth if auth else None,
+            identity_token=auth.identity_token if auth else None,
+            **files,
+        )
+
+    async def _containerd_prepare(self) -> None:
+        self.paths.containerd_conf_d.mkdir(parents=True, exist_ok=True)
+        self.paths.cni_conf.mkdir(parents=True, exist_ok=True)
+        text = await asyncio.to_thread(self.containerd_config)
+        self.paths.containerd_config.write_text(text)
+
+    async def _containerd_command(self) -> process.Command:
+        binary = shutil.which("containerd")
+        if binary is None:
+            raise FileNotFoundError("containerd is not installed (Debian package containerd)")
+        return process.Command([binary, "--config", str(self.paths.containerd_config)])
+
+    async def _containerd_health(self) -> None:
+        await ctr(self.paths.containerd_socket, "version", timeout=5.0)
+
+    # kubelet
+
+    @property
+    def kubelet_version(self) -> str:
+        return image_tag(self.document.model.machine.kubelet_image)
+
+    def kubelet_binary(self) -> Path:
+        candidate = toolchain_dir(self.kubelet_version) / "bin" / "kubelet"
+        if candidate.is_file():
+            return candidate
+        found = shutil.which("kubelet")
+        if found is None:
+            raise FileNotFoundError(
+                f"no kubelet {self.kubelet_version} in {candidate.parent} nor on PATH; "
+                f"run `kubeplane toolchain build --version {self.kubelet_version}`"
+            )
+        return Path(found)
+
+    @property
+    def kubelet_ca(self) -> Path:
+        return self.paths.kubernetes_etc / "kubelet-ca.crt"
+
+    def kubelet_args(self) -> list[str]:
+        model = self.document.model
+        cluster = model.cluster
+        extra: dict[str, str] = {
+            "read-only-port": str(READ_ONLY_PORT),
+            "network-plugin": "cni",
+            "cni-conf-dir": str(self.paths.cni_conf),
+            "cni-bin-dir": containerd.DEFAULT_CNI_BIN_DIR,
+        }
+        if self.control_plane and not cluster.allow_scheduling_on_masters:
+            extra["register-with-taints"] = MASTER_TAINT
+        machine_kubelet = model.machine.kubelet
+        extra.update((machine_kubelet.extra_args if machine_kubelet else None) or {})
+        dns = [
+            str(ip)
+            for ip in (machine_kubelet.cluster_dns if machine_kubelet and machine_kubelet.cluster_dns else [])
+        ]
+        return kubelet.render_args(
+            node_root=self.paths.root,
+            hostname=self.name,
+            node_ip=self.node_ip,
+            runtime_socket=self.paths.containerd_socket,
+            cgroup_root=self.cgroup_root,
+            bootstrap=True,
+            sandbox_image=containerd.DEFAULT_SANDBOX_IMAGE,
+            client_ca_file=self.kubelet_ca,
+            cluster_dns=dns or [cluster.dns_service_ip],
+            cluster_domain=cluster.dns_domain,
+            extra_args=extra,
+        )
+
+    async def _kubelet_prepare(self) -> None:
+        model = self.document.model
+        cluster = model.cluster
+        if cluster.ca is None or not cluster.ca.crt:
+            raise ValueError(
+                "cluster.ca.crt is missing from the machine config: kubelet cannot trust the API server"
+            )
+        paths = kubelet.KubeletPaths.under(self.paths.root)
+        for directory in (paths.root_dir, paths.cert_dir, paths.pod_manifest_path, self.paths.cni_conf):
+            directory.mkdir(parents=True, exist_ok=True)
+        for hierarchy in cgroup_hierarchies():
+            (hierarchy / self.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
+        _write_secret(self.kubelet_ca, cluster.ca.crt_pem())
+        _write_secret(
+            paths.bootstrap_kubeconfig,
+            bootstrap_kubeconfig(
+                server=cluster.control_plane.endpoint,
+                ca=cluster.ca.crt_pem(),
+                token=cluster.token or "",
+                cluster_name=cluster.cluster_name or "kubernetes",
+            ).encode(),
+        )
+        pod_cidr = cni.node_pod_cidr(cluster.pod_subnets[0], self.node_ip)
+        (self.paths.cni_conf / cni.CONFLIST_NAME).write_text(cni.render_conflist(pod_cidr=pod_cidr))
+        versions = [self.kubelet_version]
+        if self.control_plane:
+            versions.append(image_tag(cluster.api_server_image))
+        await self.image_loader(self.paths.containerd_socket, versions)
+
+    async def _kubelet_command(self) -> process.Command:
+        return process.Command([str(self.kubelet_binary()), *self.kubelet_args()])
+
+    async def _kubelet_health(self) -> None:
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            response = await http.get(HEALTHZ_URL)
+        if response.status_code != 200:
+            raise RuntimeError(f"{HEALTHZ_URL} answered HTTP {response.status_code}: {response.text[:200]}")
+
+    async def _kubelet_cleanup(self) -> None:
+        # Pods still running keep their cgroups; what is empty goes now, the rest at halt.
+        for hierarchy in cgroup_hierarchies():
+            remove_cgroup(hierarchy / self.cgroup_root.lstrip("/"))
+
+    def admin_kubeconfig(self, *, lifetime: datetime.timedelta = datetime.timedelta(hours=1)) -> str:
+        """A short-lived ``system:masters`` kubeconfig signed by the cluster CA (control plane nodes)."""
+        cluster = self.document.model.cluster
+        if cluster.ca is None or not cluster.ca.key:
+            raise ValueError("cluster.ca has no key on this node")
+        authority = pki.CertKey(cert=cluster.ca.crt_pem(), key=cluster.ca.key_pem())
+        pair = pki.issue(
+            ca=authority,
+            common_name=f"kubeplane:node:{self.name}",
+            organizations=("system:masters",),
+            usages=("client",),
+            lifetime=lifetime,
+        )
+        return pki.kubeconfig(
+            cluster_name=cluster.cluster_name or "kubernetes",
+            server=cluster.control_plane.endpoint,
+            ca_cert=authority.cert,
+            user=f"kubeplane:node:{self.name}",
+            client=pair,
+        )
+
+    async def _label_node(self) -> None:
+        """Add the control plane role labels once the node registered (kubelet may not self-label)."""
+        patch = {"metadata": {"labels": dict.fromkeys(CONTROL_PLANE_LABELS, "")}}
+        while True:
+            try:
+                if await asyncio.to_thread(self._patch_labels, patch):
+                    log.info("labelled node %s as a control plane node", self.name)
+                    return
+            except Exception as exc:
+                log.debug("labelling node %s: %s", self.name, exc)
+            await asyncio.sleep(5.0)
+
+    def _patch_labels(self, patch: dict[str, Any]) -> bool:
+        api = k8s.CoreV1Api(kube.api_client(self.admin_kubeconfig()))
+        try:
+            node = api.read_node(self.name, _request_timeout=5)
+            labels = (node.metadata.labels if node.metadata else None) or {}
+            if all(label in labels for label in CONTROL_PLANE_LABELS):
+                return True
+            api.patch_node(self.name, patch, _request_timeout=5)
+            return True
+        finally:
+            api.api_client.close()
+
+
+def _write_secret(path: Path, data: bytes) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    return str(path)
+
+
+def _toml_str(value: str) -> str:
+    # JSON string escapes are a subset of TOML basic-string escapes.
+    return json.dumps(value)

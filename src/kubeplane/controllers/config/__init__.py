@@ -1,0 +1,1 @@
+"""Controllers that derive node facts from the machine config."""

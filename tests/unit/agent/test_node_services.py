@@ -1,0 +1,155 @@
+"""The node's service specs rendered from a machine config (pure parts: no process is started)."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kubeplane import config, resources
+from kubeplane.agent import containers
+from kubeplane.agent import services as agent_services
+from kubeplane.config import generate as gen
+from kubeplane.config.paths import NodePaths
+
+pytestmark = pytest.mark.unit
+
+SECRETS = gen.new_secrets()
+DOCUMENTS = gen.generate(
+    gen.GenOptions(
+        cluster_name="unit",
+        endpoint="https://10.5.0.1:6443",
+        registry_mirrors={"*": ("http://10.5.0.1:6000",)},
+    ),
+    SECRETS,
+).documents
+
+
+def node(tmp_path: Path, machine_type: str = "controlplane", **cluster: Any) -> agent_services.NodeServices:
+    document = copy.deepcopy(DOCUMENTS[machine_type])
+    document["cluster"].update(cluster)
+    return agent_services.NodeServices(
+        paths=NodePaths(tmp_path),
+        document=config.load(yaml.safe_dump(document)),
+        name="cp1",
+        node_ip="10.5.0.2",
+        state=resources.State(resources.default_registry()),
+    )
+
+
+def flags(args: list[str]) -> dict[str, str]:
+    return dict(arg[2:].split("=", 1) for arg in args)
+
+
+def test_control_plane_kubelet_bootstraps_with_a_token_and_registers_tainted(tmp_path: Path) -> None:
+    services = node(tmp_path)
+    args = flags(services.kubelet_args())
+    assert args["bootstrap-kubeconfig"] == str(tmp_path / "etc/kubernetes/bootstrap-kubelet.conf")
+    assert args["rotate-certificates"] == "true"
+    assert args["read-only-port"] == "10255"
+    assert args["network-plugin"] == "cni"
+    assert args["cni-conf-dir"] == str(tmp_path / "etc/cni/net.d")
+    assert args["cni-bin-dir"] == "/usr/lib/cni"
+    assert args["register-with-taints"] == "node-role.kubernetes.io/master=:NoSchedule"
+    assert args["pod-manifest-path"] == str(NodePaths(tmp_path).kubelet_manifests)
+    assert args["cgroup-root"] == f"/{agent_services.NodeServices.cgroup_name(tmp_path)}"
+    assert args["cgroup-driver"] == "cgroupfs"
+    assert args["fail-swap-on"] == "false"
+    # kubelet v1.20 refuses node-role labels on itself: the agent adds them after registration.
+    assert "node-labels" not in args
+    assert services.kubelet_version == "v1.20.2"
+    assert [spec.id for spec in services.specs()] == ["containerd", "kubelet", "etcd"]
+    assert services.specs()[1].depends_on == ("containerd",)
+
+
+def test_workers_and_schedulable_masters_are_not_tainted(tmp_path: Path) -> None:
+    assert "register-with-taints" not in flags(node(tmp_path, allowSchedulingOnMasters=True).kubelet_args())
+    worker = node(tmp_path, "worker")
+    assert "register-with-taints" not in flags(worker.kubelet_args())
+    assert worker.etcd is None
+    assert [spec.id for spec in worker.specs()] == ["containerd", "kubelet"]
+
+
+def test_machine_extra_args_win(tmp_path: Path) -> None:
+    document = copy.deepcopy(DOCUMENTS["controlplane"])
+    document["machine"]["kubelet"]["extraArgs"] = {"read-only-port": "0", "max-pods": "20"}
+    services = agent_services.NodeServices(
+        paths=NodePaths(tmp_path),
+        document=config.load(yaml.safe_dump(document)),
+        name="cp1",
+        node_ip="10.5.0.2",
+        state=resources.State(resources.default_registry()),
+    )
+    args = flags(services.kubelet_args())
+    assert (args["read-only-port"], args["max-pods"]) == ("0", "20")
+
+
+def test_bootstrap_kubeconfig_carries_the_token_endpoint_and_cluster_ca() -> None:
+    text = agent_services.bootstrap_kubeconfig(
+        server="https://10.5.0.1:6443", ca=SECRETS.kubernetes_ca.cert, token="abc.def", cluster_name="unit"
+    )
+    document = yaml.safe_load(text)
+    assert document["users"][0]["user"] == {"token": "abc.def"}
+    cluster = document["clusters"][0]["cluster"]
+    assert cluster["server"] == "https://10.5.0.1:6443"
+    assert base64.b64decode(cluster["certificate-authority-data"]) == SECRETS.kubernetes_ca.cert
+
+
+def test_containerd_config_has_mirrors_conf_d_imports_and_own_paths(tmp_path: Path) -> None:
+    document = copy.deepcopy(DOCUMENTS["controlplane"])
+    document["machine"]["registries"]["config"] = {
+        "10.5.0.1:6000": {
+            "tls": {"insecureSkipVerify": True, "ca": base64.b64encode(SECRETS.os_ca.cert).decode()},
+            "auth": {"username": "u", "password": "p"},
+        }
+    }
+    services = agent_services.NodeServices(
+        paths=NodePaths(tmp_path),
+        document=config.load(yaml.safe_dump(document)),
+        name="cp1",
+        node_ip="10.5.0.2",
+        state=resources.State(resources.default_registry()),
+    )
+    parsed = tomllib.loads(services.containerd_config())
+    assert parsed["imports"] == [str(tmp_path / "etc/containerd/conf.d/*.toml")]
+    assert parsed["grpc"]["address"] == str(NodePaths(tmp_path).containerd_socket)
+    cri = parsed["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["sandbox_image"] == "k8s.gcr.io/pause:3.2"
+    assert cri["restrict_oom_score_adj"] is True
+    assert cri["registry"]["mirrors"]["*"]["endpoint"] == ["http://10.5.0.1:6000"]
+    registry = cri["registry"]["configs"]["10.5.0.1:6000"]
+    assert registry["tls"]["insecure_skip_verify"] is True
+    assert Path(registry["tls"]["ca_file"]).read_bytes() == SECRETS.os_ca.cert
+    assert registry["auth"] == {"username": "u", "password": "p"}
+
+
+def test_image_tags() -> None:
+    assert agent_services.image_tag("ghcr.io/talos-systems/kubelet:v1.20.2") == "v1.20.2"
+    assert agent_services.image_tag("10.5.0.1:6000/kubelet") == "latest"
+
+
+def test_container_ids_and_cri_log_lines(tmp_path: Path) -> None:
+    assert containers.parse_id("kube-system/kube-apiserver-cp1:kube-apiserver") == (
+        "kube-system",
+        "kube-apiserver-cp1",
+        "kube-apiserver",
+    )
+    with pytest.raises(ValueError, match="NAMESPACE/POD:CONTAINER"):
+        containers.parse_id("kube-apiserver")
+    logs = tmp_path / "kube-system_kube-apiserver-cp1_0123" / "kube-apiserver"
+    logs.mkdir(parents=True)
+    (logs / "0.log").write_text("old\n")
+    (logs / "1.log").write_text("new\n")
+    os.utime(logs / "0.log", (1000, 1000))
+    found = containers.log_file("kube-system/kube-apiserver-cp1:kube-apiserver", pod_logs=tmp_path)
+    assert found == logs / "1.log"
+    with pytest.raises(containers.ContainerNotFound):
+        containers.log_file("kube-system/other:x", pod_logs=tmp_path)
+    assert containers.cri_message("2021-01-01T00:00:00Z stderr F hello world") == "hello world"
+    assert containers.cri_message("plain line") == "plain line"
