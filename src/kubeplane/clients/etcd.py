@@ -33,7 +33,7 @@ import logging
 import os
 import ssl
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import IO, Any, Literal
 
 import httpx
@@ -704,6 +704,30 @@ class EtcdClient:
                 if line.strip():
                     data = _stream_item(line, endpoint=url)
                     yield KeyValue.from_json(data.get("kv", {}))
+
+    # -- watch -----------------------------------------------------------------------------
+
+    async def watch(
+        self, key: bytes, *, start_revision: int | None = None
+    ) -> AsyncGenerator[list[KeyValue], None]:
+        """Yield the changed keys of each watch response for ``key`` (from ``start_revision``).
+
+        Deleted keys come as a :class:`KeyValue` with an empty value. Runs until the caller stops
+        iterating; a broken stream raises the mapped :class:`~kubeplane.clients.errors.EtcdError`.
+        """
+        request: dict[str, Any] = {"key": _b64(key)}
+        if start_revision is not None:
+            request["start_revision"] = str(start_revision)
+        async with self._stream("/v3/watch", {"create_request": request}, endpoint=None, timeout=None) as (
+            url,
+            response,
+        ):
+            async for line in response.aiter_lines():
+                if not line.strip():
+                    continue
+                events = _stream_item(line, endpoint=url).get("events")
+                if events:
+                    yield [KeyValue.from_json(event.get("kv", {})) for event in events]
 
     # -- cluster ---------------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ does not pay a TLS handshake per reconcile.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -80,18 +79,9 @@ async def wait_for_change(
 
     Raises :class:`~kubeplane.clients.errors.EtcdError` when the watch cannot be opened or breaks.
     """
-    body = {
-        "create_request": {
-            "key": base64.b64encode(key).decode("ascii"),
-            "start_revision": str(start_revision),
-        }
-    }
-    # The client has no public watch yet; its streaming transport gives the failover and the
-    # error mapping every other call has.
-    stream = client._stream("/v3/watch", body, endpoint=None, timeout=None)
     with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout), stream as (url, response):
-            async for line in response.aiter_lines():
-                if line.strip() and etcd_client._stream_item(line, endpoint=url).get("events"):
-                    return True
+        watch = client.watch(key, start_revision=start_revision)
+        async with asyncio.timeout(timeout), contextlib.aclosing(watch) as changes:
+            async for _ in changes:
+                return True
     return False
