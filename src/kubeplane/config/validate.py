@@ -111,6 +111,14 @@ def _model_errors(
         return list(found.values())
     except (RecursionError, OverflowError):
         return [FieldError(join_path("", str(prefix[0])) if prefix else DOCUMENT_PATH, "too deeply nested")]
+    except UnicodeError:
+        # JSON escapes can smuggle in unpaired surrogates, which no YAML writer can emit again.
+        return [
+            FieldError(
+                join_path("", str(prefix[0])) if prefix else DOCUMENT_PATH,
+                "contains text that is not valid Unicode (an unpaired surrogate)",
+            )
+        ]
     return []
 
 
