@@ -67,10 +67,19 @@ async def _serve(node: Node) -> None:
     "--node-name", metavar="NAME", help="Name of this node (default: config hostname or listen address)."
 )
 @click.option(
+    "--services/--no-services",
+    default=True,
+    show_default=True,
+    help="Run containerd, kubelet and etcd. --no-services runs an API-and-controllers-only node "
+    "(several such agents can share one network namespace, e.g. on 127.0.0.X addresses).",
+)
+@click.option(
     "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"])
 )
 @click.pass_context
-def cli(ctx: click.Context, root: Path, listen: str, node_name: str | None, log_level: str) -> None:
+def cli(
+    ctx: click.Context, *, root: Path, listen: str, node_name: str | None, services: bool, log_level: str
+) -> None:
     """kubeplaned: the kubeplane node agent.
 
     Turns the node's machine configuration into running services (containerd, kubelet, etcd)
@@ -84,7 +93,7 @@ def cli(ctx: click.Context, root: Path, listen: str, node_name: str | None, log_
     paths = NodePaths(root.resolve())
     paths.logs.mkdir(parents=True, exist_ok=True)
     _setup_logging(paths, log_level)
-    asyncio.run(_serve(Node(root=paths.root, listen=listen, name=node_name)))
+    asyncio.run(_serve(Node(root=paths.root, listen=listen, name=node_name, services=services)))
 
 
 @cli.command()

@@ -72,8 +72,9 @@ def local_addresses() -> list[str]:
 class Node:
     """One kubeplaned: owns the config store, the resource state, the runtime and the API server."""
 
-    def __init__(self, *, root: Path, listen: str, name: str | None = None) -> None:
+    def __init__(self, *, root: Path, listen: str, name: str | None = None, services: bool = True) -> None:
         self.paths = NodePaths(root)
+        self._services_enabled = services
         self.store = ConfigStore(self.paths)
         self.registry = resources.default_registry()
         self.listen = listen
@@ -95,7 +96,13 @@ class Node:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Serve until :meth:`stop`; boots immediately when a config was persisted earlier."""
+        """Serve until :meth:`stop`; boots immediately when a config was persisted earlier.
+
+        Starting the agent is the node starting up: a config staged with ``--on-reboot`` takes
+        effect now, exactly as it would after ``kubeplane reboot``.
+        """
+        if self.store.promote_staged():
+            log.info("applied the machine config staged for this boot")
         document = self.store.current()
         if document is None:
             log.info(
@@ -134,16 +141,17 @@ class Node:
             runtime.register(controller)
         await runtime.start()
         self.state, self._runtime = state, runtime
-        addresses = self._addresses()
-        services = NodeServices(
-            paths=self.paths,
-            document=document,
-            name=self.name,
-            node_ip=addresses[0] if addresses else "127.0.0.1",
-            state=state,
-        )
-        await services.start()
-        self.services = services
+        if self._services_enabled:
+            addresses = self._addresses()
+            services = NodeServices(
+                paths=self.paths,
+                document=document,
+                name=self.name,
+                node_ip=addresses[0] if addresses else "127.0.0.1",
+                state=state,
+            )
+            await services.start()
+            self.services = services
         credentials = None
         if self._server is None:
             credentials, proxy = await self._api_credentials(document)
