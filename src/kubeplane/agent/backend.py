@@ -189,6 +189,9 @@ class AgentBackend:
     async def kubeconfig(self) -> dict[str, Any]:
         return self._node.kubeconfig()
 
+    async def image_pull(self, *, image: str) -> dict[str, Any]:
+        return await self._node.image_pull(image)
+
     async def containers(self) -> list[dict[str, Any]]:
         return await self._node.containers()
 

@@ -473,6 +473,13 @@ class Node:
                 ) from exc
         return {"kubeconfig": text}
 
+    async def image_pull(self, image: str) -> dict[str, Any]:
+        try:
+            pulled = await self._services().pull_image(image)
+        except FileNotFoundError as exc:
+            raise api.NotFoundError(f"node {self.name}: {exc}") from exc
+        return {"image": image, "pulled": pulled}
+
     async def containers(self) -> list[dict[str, Any]]:
         try:
             return await node_containers.list_containers(self.paths.containerd_socket)

@@ -12,9 +12,10 @@ through containerd, then containerd, its shims, the mounts below the node root a
   Healthy when ``ctr version`` answers on its socket.
 - ``kubelet`` (after containerd is up): TLS bootstrapping with ``cluster.token`` against the
   control plane endpoint, the read-only port 10255 (the static pod status controller reads
-  ``/pods`` there), CNI bridge config, its own cgroup root; images are imported into containerd
-  first by an :data:`ImageLoader` (the toolchain cache by default; the provisioner may pass a
-  registry-based one). Control plane nodes register with the master taint unless
+  ``/pods`` there), CNI bridge config, its own cgroup root. Images come through the registry
+  mirrors of ``machine.registries`` (the air-gapped setup) or, on a node without mirrors, are
+  imported first by an :data:`ImageLoader` (the toolchain cache by default). Control plane nodes
+  register with the master taint unless
   ``allowSchedulingOnMasters``; kubelet v1.20 may not set ``node-role.kubernetes.io/*`` labels
   on itself, so the agent adds them once the node registered. Healthy when ``:10248/healthz`` is.
 - ``etcd`` on control plane nodes: :mod:`kubeplane.agent.etcd`.
@@ -92,6 +93,46 @@ async def ctr(socket: Path, *args: str, timeout: float = 120.0) -> str:
             f"ctr {' '.join(args)}: {result.stderr.strip() or f'exit code {result.returncode}'}"
         )
     return result.stdout
+
+
+def split_reference(image: str) -> tuple[str, str]:
+    """``(registry host, repository path with tag)`` of an image reference, Docker's way.
+
+    The first path component is a registry host when it has a dot or a port or is ``localhost``;
+    otherwise the image lives on Docker Hub (``docker.io``).
+    """
+    first, sep, rest = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first, rest
+    return "docker.io", image
+
+
+async def pull_through_mirrors(socket: Path, image: str, *, mirrors: dict[str, list[str]]) -> bool:
+    """Pull ``image`` into containerd (CRI namespace), trying the mirrors of its registry first.
+
+    ``ctr`` ignores the CRI plugin's mirror config, so the mirror is resolved here the way the CRI
+    plugin does it (the registry's own entry, else ``*``) and the pulled image is tagged with its
+    original reference, which is what the kubelet asks for. Returns False when it was present.
+    """
+    present = set((await ctr(socket, "images", "ls", "-q")).split())
+    if image in present:
+        return False
+    host, path = split_reference(image)
+    failures = []
+    for endpoint in [*mirrors.get(host, mirrors.get("*", [])), None]:
+        if endpoint is None:
+            source, flags = image, []
+        else:
+            scheme, _, address = endpoint.partition("://")
+            source, flags = f"{address.rstrip('/')}/{path}", (["--plain-http"] if scheme == "http" else [])
+        try:
+            await ctr(socket, "images", "pull", *flags, source, timeout=600.0)
+            if source != image:
+                await ctr(socket, "images", "tag", "--force", source, image)
+            return True
+        except RuntimeError as exc:
+            failures.append(f"{source}: {exc}")
+    raise FileNotFoundError(f"cannot pull {image}: " + "; ".join(failures))
 
 
 async def import_toolchain_images(socket: Path, versions: Sequence[str]) -> None:
@@ -458,10 +499,24 @@ class NodeServices:
         )
         pod_cidr = cni.node_pod_cidr(cluster.pod_subnets[0], self.node_ip)
         (self.paths.cni_conf / cni.CONFLIST_NAME).write_text(cni.render_conflist(pod_cidr=pod_cidr))
-        versions = [self.kubelet_version]
-        if self.control_plane:
-            versions.append(image_tag(cluster.api_server_image))
-        await self.image_loader(self.paths.containerd_socket, versions)
+        if not self.mirrors():
+            # No registry to pull through (an offline machine without the air-gapped setup): load
+            # the images this node runs from the local toolchain cache instead.
+            versions = [self.kubelet_version]
+            if self.control_plane:
+                versions.append(image_tag(cluster.api_server_image))
+            await self.image_loader(self.paths.containerd_socket, versions)
+
+    def mirrors(self) -> dict[str, list[str]]:
+        """Registry mirror endpoints by registry host (``*`` for every registry)."""
+        registries = self.document.model.machine.registries
+        if registries is None or not registries.mirrors:
+            return {}
+        return {host: list(mirror.endpoints) for host, mirror in registries.mirrors.items()}
+
+    async def pull_image(self, image: str) -> bool:
+        """Pull ``image`` into containerd through the node's mirrors; False when it was already there."""
+        return await pull_through_mirrors(self.paths.containerd_socket, image, mirrors=self.mirrors())
 
     async def _kubelet_command(self) -> process.Command:
         return process.Command([str(self.kubelet_binary()), *self.kubelet_args()])

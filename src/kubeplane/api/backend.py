@@ -119,6 +119,14 @@ class NodeBackend(Protocol):
         """``{"kubeconfig": YAML}``: an admin kubeconfig for the cluster (control plane nodes)."""
         ...
 
+    async def image_pull(self, *, image: str) -> Document:
+        """Pull ``image`` into the node's containerd through its registry mirrors.
+
+        ``{"image", "pulled"}`` (``pulled`` false when it was already there); NOT_FOUND when no
+        mirror or registry has it.
+        """
+        ...
+
     async def containers(self) -> list[Document]:
         """CRI containers: ``{"namespace", "pod", "name", "id", "image", "state", "pid"}``."""
         ...

@@ -269,6 +269,10 @@ class NodeClient:
         """``{"kubeconfig": YAML}`` admin kubeconfig of the cluster (admin only)."""
         return await self.call("Kubeconfig")
 
+    async def image_pull(self, image: str, *, timeout: float | None = None) -> list[Reply[wire.Document]]:
+        """Pull ``image`` on the nodes through their registry mirrors (admin only)."""
+        return await self.call("ImagePull", {"image": image}, timeout=timeout)
+
     async def containers(self) -> list[Reply[list[wire.Document]]]:
         """CRI containers of the node (admin only)."""
         return await self.call("Containers")

@@ -194,6 +194,7 @@ CALLS: tuple[Call, ...] = (
     Call("EtcdSnapshot", "etcd_snapshot", stream=True, access="admin", to_wire=encode_chunk),
     Call("Kubeconfig", "kubeconfig", access="admin"),
     Call("Containers", "containers", access="admin"),
+    Call("ImagePull", "image_pull", params=(Param("image", str, required=True),), access="admin"),
     Call(
         "ContainerLogs",
         "container_logs",

@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import sys
 
 import click
+
+# gRPC's C core logs TLS handshake failures to stderr at info level; the CLI reports errors itself.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 #: Command family modules, each with ``register(group: click.Group) -> None``.
 FAMILIES = (
     "kubeplane.cli.node",
     "kubeplane.cli.clientconfig",
     "kubeplane.cli.cluster_ops",
+    "kubeplane.cli.cluster",
+    "kubeplane.cli.health",
     "kubeplane.cli.gen",
     "kubeplane.cli.validate",
     "kubeplane.cli.toolchain",
+    "kubeplane.cli.upgrade",
 )
 
 

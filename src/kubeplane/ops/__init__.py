@@ -1,1 +1,19 @@
-"""kubeplane.ops (see DESIGN.md for what this layer owns)."""
+"""kubeplane.ops: cluster-wide operations (see DESIGN.md for what this layer owns).
+
+Modules:
+
+- :mod:`~kubeplane.ops.plan`: :class:`~kubeplane.ops.plan.Plan` / ``Step`` (pure data that
+  ``--dry-run`` prints) and the executor with progress reporting, re-runnable from any point;
+- :mod:`~kubeplane.ops.upgrade`: ``upgrade-k8s``, a rolling upgrade of the control plane;
+- :mod:`~kubeplane.ops.health`: cluster health checks.
+
+Operations reach the cluster only through interfaces they declare (node API, Kubernetes API, load
+balancer rotation), which the CLI implements; this layer never imports ``provision``.
+
+Exceptions (from :mod:`kubeplane.ops.errors` and :mod:`kubeplane.ops.plan`)::
+
+    OpsError                base class: an operation could not start or finish
+    ├── PreflightError      a check before any change failed; nothing was changed
+    ├── WaitTimeout         the cluster did not reach the expected state in time
+    └── StepFailed          a plan step failed (.step, .cause, .resume: the command that continues)
+"""

@@ -1,0 +1,232 @@
+"""Local cluster commands: ``cluster create|destroy|show`` and ``images``.
+
+``cluster create`` plans and checks everything first (nothing on the host changes when the name,
+CIDR, toolchain or a config patch is wrong), then runs the creation steps of
+:mod:`kubeplane.provision.cluster` with one progress line per step, and finally (unless
+``--no-wait``) waits for the cluster to be healthy with the checks of :mod:`kubeplane.ops.health`,
+printed as they pass. A failure names the step or check and where to look; the half-made cluster
+stays for inspection and ``cluster destroy`` removes it.
+
+``images`` prints the images nodes pull for a Kubernetes version (or a machine config), one per
+line, for the air-gapped guide's ``for image in $(kubeplane images) ...`` loops.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+import yaml
+
+from kubeplane import api
+from kubeplane import config as config_mod
+from kubeplane.cli import output
+from kubeplane.clients import kube
+from kubeplane.config import client as client_config
+from kubeplane.config import generate as gen
+from kubeplane.ops import health
+from kubeplane.provision import cluster as cluster_mod
+from kubeplane.provision import netns, state, steps, toolchain
+
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(cluster)
+    group.add_command(images)
+
+
+def parse_duration(value: str) -> float:
+    """``10m``, ``1h30m``, ``90s`` or ``90`` -> seconds."""
+    match = _DURATION.match(value.strip())
+    if not value.strip() or match is None:
+        raise click.BadParameter(f"{value!r} is not a duration: use e.g. 90s, 5m or 1h")
+    hours, minutes, seconds = (int(part or 0) for part in match.groups())
+    return float(hours * 3600 + minutes * 60 + seconds)
+
+
+def load_patch(value: str, option: str) -> gen.Patch:
+    """A patch given inline (JSON/YAML) or as ``@FILE``."""
+    try:
+        if value.startswith("@"):
+            return gen.parse_patch(Path(value[1:]).read_text(), source=value[1:])
+        return gen.parse_patch(value, source=option)
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot read patch file {value[1:]}: {exc.strerror}", param_hint=option
+        ) from exc
+    except gen.GenerateError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from exc
+
+
+def _echo_event(event: steps.StepEvent) -> None:
+    if event.state == "start":
+        click.echo(f"{event.step}" + (f" ({event.detail})" if event.detail else ""))
+    elif event.state == "failed":
+        click.echo(f"{event.step}: FAILED after {event.elapsed:.1f}s", err=True)
+
+
+@click.group()
+def cluster() -> None:
+    """Local multi-node clusters in network namespaces on this machine (needs root)."""
+
+
+@cluster.command()
+@click.option("--name", default=cluster_mod.DEFAULT_NAME, show_default=True, help="Cluster name.")
+@click.option("--controlplanes", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=0))
+@click.option("--kubernetes-version", default=cluster_mod.DEFAULT_VERSION, show_default=True)
+@click.option("--cidr", default=netns.DEFAULT_CIDR, show_default=True, help="Network of the cluster.")
+@click.option(
+    "--registry-mirror", "mirrors", multiple=True, metavar="HOST=URL", help="Extra registry mirror."
+)
+@click.option("--config-patch", "patches", multiple=True, metavar="PATCH|@FILE", help="Patch every config.")
+@click.option("--config-patch-controlplane", "cp_patches", multiple=True, metavar="PATCH|@FILE")
+@click.option("--config-patch-worker", "worker_patches", multiple=True, metavar="PATCH|@FILE")
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until the cluster is healthy.")
+@click.option("--wait-timeout", default="10m", show_default=True, help="How long to wait for health.")
+@click.option("--self-hosted", is_flag=True, hidden=True)
+def create(
+    *,
+    name: str,
+    controlplanes: int,
+    workers: int,
+    kubernetes_version: str,
+    cidr: str,
+    mirrors: tuple[str, ...],
+    patches: tuple[str, ...],
+    cp_patches: tuple[str, ...],
+    worker_patches: tuple[str, ...],
+    wait: bool,
+    wait_timeout: str,
+    self_hosted: bool,
+) -> None:
+    """Create a local cluster: network, load balancer, registry, one agent per node, bootstrap."""
+    if self_hosted:
+        raise click.ClickException("--self-hosted is not implemented yet (it arrives with convert-k8s)")
+    timeout = parse_duration(wait_timeout)
+    try:
+        request = cluster_mod.ClusterRequest(
+            name=name,
+            controlplanes=controlplanes,
+            workers=workers,
+            kubernetes_version=kubernetes_version,
+            cidr=cidr,
+            registry_mirrors=gen.parse_mirrors(mirrors),
+            config_patches=tuple(load_patch(p, "--config-patch") for p in patches),
+            controlplane_patches=tuple(load_patch(p, "--config-patch-controlplane") for p in cp_patches),
+            worker_patches=tuple(load_patch(p, "--config-patch-worker") for p in worker_patches),
+        )
+        plan = cluster_mod.plan(request, progress=click.echo)
+        paths = cluster_mod.preflight(plan, toolchain=toolchain.Toolchain())
+    except (cluster_mod.ClusterError, gen.GenerateError) as exc:
+        raise click.ClickException(f"{exc}\nnothing was created") from exc
+    config_path = client_config.resolve_path()
+    try:
+        created = cluster_mod.create(
+            plan, toolchain_paths=paths, client_config_path=config_path, progress=_echo_event
+        )
+    except (steps.StepFailed, cluster_mod.ClusterError) as exc:
+        raise click.ClickException(
+            f"{exc}\nthe cluster is left as it is for inspection; remove it with "
+            f"`kubeplane cluster destroy --name {name}`"
+        ) from exc
+    click.echo(f"merged context {name!r} into {config_path} (current)")
+    click.echo(f"kubeconfig: {created.kubeconfig}")
+    if wait:
+        results = wait_healthy(created, timeout=timeout)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise click.ClickException(
+                f"cluster {name!r} is not healthy after {wait_timeout}: {failed[0].name} failed; "
+                f"node logs are under {created.directory}/nodes/<node>/var/log/kubeplane/ "
+                f"(or `kubeplane -n NODE logs kubelet`); `kubeplane health` checks again"
+            )
+    click.echo(f"cluster {name!r} is up: kubectl --kubeconfig {created.kubeconfig} get nodes")
+
+
+def wait_healthy(created: cluster_mod.CreatedCluster, *, timeout: float) -> list[health.Result]:
+    """Run the health checks against a just-created cluster, printing each as it finishes."""
+    kubeconfig = created.kubeconfig.read_text()
+
+    def node_client(nodes: Sequence[str]) -> api.NodeClient:
+        return api.NodeClient(created.controlplanes, credentials=created.credentials, nodes=tuple(nodes))
+
+    checks = health.default_checks(
+        health.Topology(controlplanes=created.controlplanes, workers=created.workers),
+        node_client=node_client,
+        kube=lambda: kube.api_client(kubeconfig),
+    )
+    return health.run(checks, timeout=timeout, report=lambda result: click.echo(result.text()))
+
+
+@cluster.command()
+@click.option("--name", default=cluster_mod.DEFAULT_NAME, show_default=True, help="Cluster name.")
+def destroy(*, name: str) -> None:
+    """Stop everything the cluster runs and remove its network, files and client config context."""
+    try:
+        removed = cluster_mod.destroy(name, progress=click.echo)
+    except (cluster_mod.ClusterError, state.StateError, netns.NetworkError) as exc:
+        raise click.ClickException(f"destroying cluster {name!r}: {exc}") from exc
+    click.echo(f"cluster {name!r} destroyed" if removed else f"no cluster {name!r}: nothing to destroy")
+
+
+@cluster.command()
+@click.option("--name", default=cluster_mod.DEFAULT_NAME, show_default=True, help="Cluster name.")
+@output.output_option
+def show(*, name: str, fmt: output.Format) -> None:
+    """Show the cluster's nodes, roles, IPs and endpoint."""
+    try:
+        document = cluster_mod.show(name)
+    except state.StateError as exc:
+        known = ", ".join(cluster_mod.list_clusters()) or "none"
+        raise click.ClickException(f"{exc} (local clusters: {known})") from exc
+    if fmt == "json":
+        click.echo(json.dumps(document))
+    elif fmt == "yaml":
+        click.echo(yaml.safe_dump(document, sort_keys=False), nl=False)
+    else:
+        click.echo(f"cluster: {document['name']}\nendpoint: {document['endpoint']}\n")
+        rows = [[n["name"], n["role"], n["ip"], n["agent"]] for n in document["nodes"]]
+        click.echo(output.table(["NAME", "ROLE", "IP", "AGENT"], rows), nl=False)
+
+
+@click.command()
+@click.option("--kubernetes-version", default=cluster_mod.DEFAULT_VERSION, show_default=True)
+@click.option(
+    "-f",
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Take the images from this machine config instead.",
+)
+def images(*, kubernetes_version: str, config_file: Path | None) -> None:
+    """Print the images nodes pull (one per line): what an air-gapped registry must hold."""
+    pause = toolchain.image_ref(toolchain.PAUSE, kubernetes_version)
+    if config_file is None:
+        refs = [
+            config_mod.defaults.image(repository, kubernetes_version)
+            for repository in (
+                config_mod.defaults.KUBE_APISERVER_IMAGE,
+                config_mod.defaults.KUBE_CONTROLLER_MANAGER_IMAGE,
+                config_mod.defaults.KUBE_SCHEDULER_IMAGE,
+                config_mod.defaults.KUBE_PROXY_IMAGE,
+            )
+        ]
+    else:
+        try:
+            model = config_mod.load(config_file.read_text()).model
+        except config_mod.ConfigError as exc:
+            raise click.ClickException(f"{config_file}: {exc}") from exc
+        cluster_config = model.cluster
+        refs = [
+            cluster_config.api_server_image,
+            cluster_config.controller_manager_image,
+            cluster_config.scheduler_image,
+            cluster_config.proxy_image,
+        ]
+    for ref in [*refs, pause]:
+        click.echo(ref)

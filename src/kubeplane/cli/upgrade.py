@@ -1,0 +1,510 @@
+"""``kubeplane upgrade-k8s``: the CLI of :mod:`kubeplane.ops.upgrade` and its adapters.
+
+The operation declares what it needs (``NodeAPI``, ``KubeAPI``, ``Rotation``); this module
+implements them:
+
+- node API: one :class:`~kubeplane.api.NodeClient` per node, each forwarding through the client
+  config's endpoints (``-n`` of the global options selects the control plane nodes instead of
+  discovering them). Pre-pulling uses the node API's ``ImagePull`` call when the API has one; until
+  then the plan says so and the kubelet pulls images when the new pods start;
+- Kubernetes API: the official client from the cluster's admin kubeconfig (``--kubeconfig``, or
+  asked from a node with the ``Kubeconfig`` call), ``--endpoint`` replacing its server URL; the
+  client is blocking, so every call runs in a thread with a request timeout;
+- rotation: when the control plane nodes belong to a local cluster (its state file lists them
+  and it has a haproxy directory) the node's haproxy server goes to ``drain`` and back to
+  ``ready``; otherwise nothing (readiness checks of the real load balancer are all there is).
+
+Re-running the same command continues a failed or killed upgrade (see :mod:`kubeplane.ops.plan`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import functools
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from kubernetes import client as k8s_client
+from kubernetes.dynamic import DynamicClient
+
+from kubeplane import api
+from kubeplane.api import wire
+from kubeplane.cli import connect, output
+from kubeplane.clients import kube as kube_client
+from kubeplane.config import defaults
+from kubeplane.ops import plan as plan_module
+from kubeplane.ops import upgrade
+from kubeplane.ops.errors import OpsError
+from kubeplane.provision import loadbalancer
+from kubeplane.provision import state as cluster_state
+from kubeplane.resources import catalog
+
+#: Seconds each Kubernetes API request may take before it counts as failed (and is retried).
+REQUEST_TIMEOUT = 10
+#: A repeated identical "retrying error" line is printed again only after this many seconds.
+REPEAT_AFTER = 10.0
+#: How long a restored haproxy server may take to pass its health check and rejoin.
+ROTATION_TIMEOUT = 30.0
+IMAGE_PULL_CALL = "ImagePull"
+#: Waits of the operation (the original's 3 minutes per pod); tests shorten them.
+TIMING = upgrade.Timing()
+
+
+def register(group: click.Group) -> None:
+    """Add ``upgrade-k8s`` to the root group."""
+    group.add_command(upgrade_k8s)
+
+
+# --- node API ------------------------------------------------------------------------------------
+
+
+class NodeAPIAdapter:
+    """:class:`kubeplane.ops.upgrade.NodeAPI` over the node API, one forwarding client per node."""
+
+    def __init__(self, target: connect.Target) -> None:
+        self._target = target
+        self._clients: dict[str, api.NodeClient] = {}
+        self.can_pull = IMAGE_PULL_CALL in wire.CALLS_BY_NAME
+
+    def _client(self, node: str) -> api.NodeClient:
+        if node not in self._clients:
+            self._clients[node] = connect.client(self._target, nodes=(node,))
+        return self._clients[node]
+
+    async def close(self) -> None:
+        clients, self._clients = self._clients, {}
+        for node_client in clients.values():
+            await node_client.close()
+
+    async def _one(self, node: str, replies: Sequence[api.Reply[Any]]) -> Any:
+        for reply in replies:
+            return reply.unwrap()
+        raise OpsError(f"node {node} sent no reply")
+
+    async def check(self, node: str) -> None:
+        await self._one(node, await self._client(node).version())
+
+    async def component_config(self, node: str, component: str) -> upgrade.ComponentConfig:
+        document = await self._one(
+            node, await self._client(node).resource_get(catalog.KUBERNETES_CONTROL_PLANE_CONFIGS, component)
+        )
+        return upgrade.ComponentConfig(
+            version=int(document["metadata"]["version"]), image=str(document["spec"]["image"])
+        )
+
+    async def machine_config(self, node: str) -> str:
+        document = await self._one(node, await self._client(node).machine_config())
+        current = document.get("current")
+        if not current:
+            raise OpsError(f"node {node} has no machine config")
+        return str(current)
+
+    async def apply_config(self, node: str, data: str, *, mode: str) -> None:
+        await self._one(node, await self._client(node).apply_configuration(data, mode=mode))
+
+    async def pull_image(self, node: str, image: str) -> bool:
+        result = await self._one(
+            node, await self._client(node).call(IMAGE_PULL_CALL, {"image": image}, timeout=600)
+        )
+        return bool(result.get("pulled", True)) if isinstance(result, Mapping) else True
+
+    async def manifests(self, node: str) -> list[dict[str, Any]]:
+        documents = await self._one(node, await self._client(node).resource_list(catalog.MANIFESTS))
+        objects: list[dict[str, Any]] = []
+        for document in sorted(documents, key=lambda d: str(d["metadata"]["id"])):
+            # A Manifests spec is {"items": [objects]} (the original's was the list itself).
+            spec = document.get("spec") or {}
+            objects += spec if isinstance(spec, list) else spec.get("items") or []
+        return objects
+
+    async def kubeconfig(self, node: str | None) -> str:
+        """The cluster's admin kubeconfig, from ``node`` (or the endpoint's own node)."""
+        node_client = self._client(node) if node else connect.client(self._target, nodes=())
+        try:
+            document = await self._one(node or "", await node_client.kubeconfig())
+        finally:
+            if not node:
+                await node_client.close()
+        return str(document["kubeconfig"])
+
+
+# --- Kubernetes API ----------------------------------------------------------------------------
+
+
+def _ready(conditions: Sequence[Any] | None) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in conditions or ())
+
+
+class KubeAPIAdapter:
+    """:class:`kubeplane.ops.upgrade.KubeAPI` over the official (blocking) client, one thread per call."""
+
+    def __init__(self, api_client: Any) -> None:
+        self._api_client = api_client
+        self._core = k8s_client.CoreV1Api(api_client)
+        self._apps = k8s_client.AppsV1Api(api_client)
+
+    async def _call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(function, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+
+    async def nodes(self) -> list[upgrade.ClusterNode]:
+        result = await self._call(self._core.list_node)
+        nodes = []
+        for item in result.items:
+            labels = item.metadata.labels or {}
+            addresses = [a.address for a in item.status.addresses or () if a.type == "InternalIP"]
+            if not addresses:
+                continue
+            nodes.append(
+                upgrade.ClusterNode(
+                    name=item.metadata.name,
+                    address=addresses[0],
+                    control_plane=any(label in labels for label in upgrade.CONTROL_PLANE_LABELS),
+                )
+            )
+        return sorted(nodes, key=lambda node: (not node.control_plane, node.name))
+
+    async def mirror_pod(self, *, node_name: str, component: str) -> upgrade.PodState | None:
+        result = await self._call(
+            self._core.list_namespaced_pod,
+            "kube-system",
+            label_selector=f"k8s-app={component}",
+            field_selector=f"spec.nodeName={node_name}",
+        )
+        if not result.items:
+            return None
+        pod = result.items[0]
+        annotations = pod.metadata.annotations or {}
+        return upgrade.PodState(
+            name=pod.metadata.name,
+            config_version=annotations.get("kubeplane.dev/config-version"),
+            ready=_ready(pod.status.conditions),
+            images=tuple(container.image for container in pod.spec.containers),
+        )
+
+    async def daemonset(self, namespace: str, name: str) -> upgrade.RolloutState | None:
+        try:
+            item = await self._call(self._apps.read_namespaced_daemon_set, name, namespace)
+        except k8s_client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        containers = item.spec.template.spec.containers
+        container = next((c for c in containers if c.name == name), containers[0])
+        status = item.status
+        return upgrade.RolloutState(
+            image=container.image,
+            desired=status.desired_number_scheduled or 0,
+            updated=status.updated_number_scheduled or 0,
+            available=status.number_available or 0,
+            generation=item.metadata.generation or 0,
+            observed_generation=status.observed_generation or 0,
+        )
+
+    async def set_daemonset_image(self, namespace: str, name: str, *, container: str, image: str) -> None:
+        body = {"spec": {"template": {"spec": {"containers": [{"name": container, "image": image}]}}}}
+        await self._call(self._apps.patch_namespaced_daemon_set, name, namespace, body)
+
+    async def kubelet(self, node_name: str) -> upgrade.KubeletState | None:
+        try:
+            item = await self._call(self._core.read_node, node_name)
+        except k8s_client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return upgrade.KubeletState(
+            version=item.status.node_info.kubelet_version, ready=_ready(item.status.conditions)
+        )
+
+    async def apply_objects(self, objects: Sequence[Mapping[str, Any]]) -> None:
+        def apply() -> None:
+            dynamic = DynamicClient(self._api_client)  # type: ignore[no-untyped-call]
+            for item in objects:
+                resource = dynamic.resources.get(api_version=item["apiVersion"], kind=item["kind"])
+                metadata = item.get("metadata", {})
+                dynamic.server_side_apply(  # type: ignore[no-untyped-call]
+                    resource,
+                    body=dict(item),
+                    name=metadata.get("name"),
+                    namespace=metadata.get("namespace"),
+                    field_manager="kubeplane-upgrade",
+                    force_conflicts=True,
+                )
+
+        await asyncio.to_thread(apply)
+
+
+# --- load balancer rotation --------------------------------------------------------------------
+
+
+class HAProxyRotation:
+    """:class:`kubeplane.ops.upgrade.Rotation` over a local cluster's haproxy admin socket.
+
+    ``drain`` stops new connections only. Connections already open to the node are left to the
+    API server's graceful shutdown, which finishes requests in flight and closes idle
+    connections, so clients reconnect to another node; haproxy's ``shutdown sessions`` was
+    rejected because it cuts a request in the middle.
+    """
+
+    def __init__(self, proxy: loadbalancer.HAProxy, names: Mapping[str, str]) -> None:
+        self._proxy = proxy
+        #: Node address -> haproxy server name.
+        self._names = dict(names)
+
+    async def drain(self, node: upgrade.ClusterNode) -> None:
+        name = self._names[node.address]
+        await asyncio.to_thread(self._proxy.set_server_state, name, "drain")
+        await asyncio.to_thread(
+            functools.partial(self._proxy.wait_status, name, until="out", timeout=ROTATION_TIMEOUT)
+        )
+
+    async def restore(self, node: upgrade.ClusterNode) -> None:
+        name = self._names[node.address]
+        await asyncio.to_thread(self._proxy.set_server_state, name, "ready")
+        await asyncio.to_thread(
+            functools.partial(self._proxy.wait_status, name, until="healthy", timeout=ROTATION_TIMEOUT)
+        )
+
+
+def local_rotation(addresses: Sequence[str]) -> HAProxyRotation | None:
+    """The rotation of the local cluster whose control plane nodes are ``addresses``, if any."""
+    root = cluster_state.clusters_dir()
+    if not root.is_dir():
+        return None
+    for directory in sorted(root.iterdir()):
+        try:
+            state = cluster_state.ClusterState.load(directory.name, root=root)
+        except cluster_state.StateError:
+            continue
+        names = {node.ip: node.name for node in state.nodes if node.role == "controlplane"}
+        if "haproxy" in state.dirs and set(addresses) <= set(names):
+            return HAProxyRotation(loadbalancer.HAProxy(Path(state.dirs["haproxy"])), names)
+    return None
+
+
+# --- progress ----------------------------------------------------------------------------------
+
+
+class PrintProgress:
+    """Prints the step, node and waits as they happen; repeated wait messages are throttled."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._last: tuple[str, float] | None = None
+        self._clock = clock
+
+    def step_started(self, index: int, total: int, step: plan_module.Step) -> None:
+        self._last = None
+        click.echo(f"[{index}/{total}] {step.kind} {step.component} {step.where}: {step.target}")
+
+    def info(self, message: str) -> None:
+        click.echo(f" > {message}")
+
+    def retrying(self, message: str) -> None:
+        now = self._clock()
+        if self._last is not None and self._last[0] == message and now - self._last[1] < REPEAT_AFTER:
+            return
+        self._last = (message, now)
+        stamp = datetime.datetime.now().strftime("%Y/%m/%d %H:%M:%S")
+        click.echo(f"{stamp} retrying error: {message}")
+
+    def step_finished(
+        self, index: int, step: plan_module.Step, outcome: plan_module.Outcome, seconds: float
+    ) -> None:
+        what = "done" if outcome == plan_module.CHANGED else "already at target, skipped"
+        click.echo(f" < {what} ({seconds:.1f}s)")
+
+
+# --- the command -------------------------------------------------------------------------------
+
+
+def resume_command(*, options: upgrade.Options, endpoint: str | None, kubeconfig: str | None) -> str:
+    """The command that continues this upgrade (the same one, whatever order the flags came in)."""
+    obj = connect.options()
+    words = ["kubeplane"]
+    words += ["--context", obj.context] if obj.context else []
+    words += ["-e", ",".join(obj.endpoints)] if obj.endpoints else []
+    words += ["-n", ",".join(obj.nodes)] if obj.nodes else []
+    words += ["upgrade-k8s", *(["--from", options.source] if options.source else []), "--to", options.to]
+    words += ["--endpoint", endpoint] if endpoint else []
+    words += ["--kubeconfig", kubeconfig] if kubeconfig else []
+    words += [] if options.pre_pull else ["--no-pre-pull"]
+    words += ["--upgrade-kubelet"] if options.upgrade_kubelet else []
+    words += ["--sync-manifests"] if options.sync_manifests else []
+    return shlex.join(words)
+
+
+def with_server(kubeconfig_text: str, endpoint: str | None) -> str:
+    """The kubeconfig with every cluster's server replaced by ``endpoint`` (``--endpoint``)."""
+    if not endpoint:
+        return kubeconfig_text
+    document = yaml.safe_load(kubeconfig_text)
+    for cluster in document.get("clusters") or ():
+        cluster["cluster"]["server"] = endpoint
+    return str(yaml.safe_dump(document, sort_keys=False))
+
+
+def _kube_api(kubeconfig_text: str, endpoint: str | None) -> KubeAPIAdapter:
+    try:
+        return KubeAPIAdapter(kube_client.api_client(with_server(kubeconfig_text, endpoint)))
+    except (ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
+        raise OpsError(f"cannot use the admin kubeconfig: {exc}") from exc
+
+
+def _plan_documents(plan: plan_module.Plan) -> list[dict[str, Any]]:
+    return [
+        {
+            "index": index,
+            "kind": s.kind,
+            "component": s.component,
+            "node": s.node,
+            "from": s.current,
+            "to": s.target,
+        }
+        for index, s in enumerate(plan.steps, start=1)
+    ]
+
+
+async def _upgrade(
+    *,
+    options: upgrade.Options,
+    target: connect.Target,
+    kubeconfig: str | None,
+    endpoint: str | None,
+    dry_run: bool,
+    fmt: output.Format,
+    resume: str,
+) -> None:
+    node_api = NodeAPIAdapter(target)
+    try:
+        kubeconfig_text = kubeconfig or await node_api.kubeconfig(options.nodes[0] if options.nodes else None)
+        kube = _kube_api(kubeconfig_text, endpoint)
+        observed = await upgrade.prepare(options=options, node_api=node_api, kube=kube)
+        click.echo(
+            f"control plane nodes: {', '.join(f'{n.name} ({n.address})' for n in observed.control_plane)}",
+            err=fmt != "table",
+        )
+        plan = upgrade.build_plan(observed)
+        if options.pre_pull and not node_api.can_pull:
+            plan = plan_module.Plan(
+                title=plan.title,
+                steps=plan.steps,
+                notes=(
+                    *plan.notes,
+                    "the node API has no ImagePull call: images are pulled when the new pods start",
+                ),
+            )
+        if dry_run:
+            if fmt == "table":
+                click.echo(plan.render())
+                click.echo("dry run: nothing was changed")
+            else:
+                click.echo(output.documents(_plan_documents(plan), fmt), nl=False)
+            return
+        rotation: upgrade.Rotation = (
+            local_rotation([n.address for n in observed.control_plane]) or upgrade.NoRotation()
+        )
+        click.echo(plan.render())
+        upgrader = upgrade.Upgrader(
+            observed=observed,
+            node_api=node_api,
+            kube=kube,
+            rotation=rotation,
+            progress=PrintProgress(),
+            timing=TIMING,
+        )
+        results = await upgrader.run(plan, resume=resume)
+        changed = len(plan_module.changed_steps(results))
+        click.echo(
+            f"upgrade to {observed.target} completed: "
+            f"{changed} steps changed, {len(results) - changed} already done"
+        )
+    finally:
+        await node_api.close()
+
+
+@click.command("upgrade-k8s")
+@click.option(
+    "--from", "source", metavar="VERSION", help="Current version (default: detected from kube-apiserver)."
+)
+@click.option(
+    "--to",
+    "to",
+    metavar="VERSION",
+    default=defaults.KUBERNETES_VERSION,
+    show_default=True,
+    help="Target version.",
+)
+@click.option(
+    "--endpoint", metavar="URL", help="Kubernetes API endpoint to use instead of the kubeconfig's server."
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, exists=True),
+    help="Admin kubeconfig (default: asked from a node).",
+)
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+@click.option(
+    "--pre-pull/--no-pre-pull",
+    default=True,
+    show_default=True,
+    help="Pull the target images on every node first.",
+)
+@click.option(
+    "--upgrade-kubelet", is_flag=True, help="Also upgrade every node's kubelet, one node at a time."
+)
+@click.option(
+    "--sync-manifests", is_flag=True, help="Re-apply the bootstrap manifests (server-side apply) at the end."
+)
+@output.output_option
+def upgrade_k8s(
+    *,
+    source: str | None,
+    to: str,
+    endpoint: str | None,
+    kubeconfig: str | None,
+    dry_run: bool,
+    pre_pull: bool,
+    upgrade_kubelet: bool,
+    sync_manifests: bool,
+    fmt: output.Format,
+) -> None:
+    """Upgrade the Kubernetes control plane, one component and node at a time.
+
+    Order: kube-apiserver on each control plane node (-n, default: discovered), then
+    kube-controller-manager, kube-scheduler, the kube-proxy DaemonSet, optionally kubelets. Each
+    step patches the node's machine config image (keeping its registry) and waits for the new pod
+    to be Ready. Safe to re-run: steps already at the target are skipped.
+    """
+    obj = connect.options()
+    target = connect.resolve(obj)
+    options = upgrade.Options(
+        to=to,
+        source=source,
+        nodes=obj.nodes,
+        pre_pull=pre_pull,
+        upgrade_kubelet=upgrade_kubelet,
+        sync_manifests=sync_manifests,
+    )
+    kubeconfig_text = Path(kubeconfig).read_text(encoding="utf-8") if kubeconfig else None
+    try:
+        connect.run(
+            _upgrade(
+                options=options,
+                target=target,
+                kubeconfig=kubeconfig_text,
+                endpoint=endpoint,
+                dry_run=dry_run,
+                fmt=fmt,
+                resume=resume_command(options=options, endpoint=endpoint, kubeconfig=kubeconfig),
+            ),
+            target=target,
+        )
+    except OpsError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except loadbalancer.LoadBalancerError as exc:
+        raise click.ClickException(f"load balancer: {exc}") from exc

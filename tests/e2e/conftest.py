@@ -1,0 +1,193 @@
+"""Shared e2e fixtures: whole local clusters created and destroyed through the CLI.
+
+Clusters are expensive (tens of seconds each), so they are shared wherever sharing weakens no
+test: ``cluster_1cp1w`` is created once per session, ``cluster_3cp1w`` lazily once per session
+(only if a test asks for it); ``cluster`` is a fresh 3+1 cluster per module, for tests that
+change the cluster (upgrades). Each yields an :class:`E2ECluster`.
+
+Isolation: ``KUBEPLANE_STATE`` and ``KUBEPLANECONFIG`` point into the session's temporary
+directory, so no test reads or writes the user's client config or clusters. Every cluster is
+destroyed at the end even when its tests (or its creation) failed, and then the fixture asserts
+that nothing is left: no namespace, link, mount, cgroup, process or state of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from kubeplane.config import client as client_config
+from kubeplane.provision import cluster as cluster_mod
+from kubeplane.provision import hostproc, netns, state, toolchain
+from kubeplane.provision import loadbalancer as lb
+
+KUBERNETES_VERSION = "v1.20.2"
+CREATE_TIMEOUT = 900
+
+#: The installed ``kubeplane`` command, run exactly as a user would.
+KUBEPLANE = str(Path(sys.executable).with_name("kubeplane"))
+
+
+def run_kubeplane(
+    env: Mapping[str, str], *args: str, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """Run ``kubeplane ARGS`` with ``env`` (stdout and stderr captured as text)."""
+    return subprocess.run(
+        [KUBEPLANE, *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@dataclasses.dataclass
+class E2ECluster:
+    """A running local cluster and how to reach it."""
+
+    name: str
+    env: dict[str, str]
+    directory: Path
+    client_config: Path
+    kubeconfig: Path
+    endpoint: str
+    control_plane: tuple[str, ...]
+    workers: tuple[str, ...]
+    haproxy: lb.HAProxy
+    registry_log: Path
+
+    def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return run_kubeplane(self.env, *args, timeout=timeout)
+
+    def state(self) -> state.ClusterState:
+        return state.ClusterState.load(self.name, root=self.directory.parent)
+
+    def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        binary = toolchain.Toolchain().require(KUBERNETES_VERSION).binary("kubectl")
+        return subprocess.run(
+            [str(binary), "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+
+def leftovers(cluster: state.ClusterState, *, client_config_path: Path) -> list[str]:
+    """Everything of ``cluster`` (as recorded before destroy) that still exists."""
+    found = []
+    network = cluster.network
+    for name in network.netns if network else []:
+        if netns.netns_exists(name):
+            found.append(f"netns {name}")
+    for link in [*(network.links if network else []), *([network.bridge] if network else [])]:
+        if netns.link_info(link) is not None:
+            found.append(f"link {link}")
+    records = list(cluster.processes.values())
+    for node in cluster.nodes:
+        records += node.processes.values()
+        found += [f"process {pid} of node {node.name}" for pid in cluster_mod.node_processes(node)]
+        found += [f"cgroup {path}" for path in node.cgroups if Path(path).exists()]
+    found += [f"process {r.name} (pid {r.pid})" for r in records if hostproc.is_running(r)]
+    with open("/proc/self/mounts") as mounts:
+        found += [f"mount {line.split()[1]}" for line in mounts if str(cluster.directory) in line.split()[1]]
+    if cluster.directory.exists():
+        found.append(f"state directory {cluster.directory}")
+    if cluster.name in client_config.load(client_config_path).contexts:
+        found.append(f"context {cluster.name} in {client_config_path}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def e2e_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    # Short paths: the haproxy admin socket path must fit in 107 bytes.
+    base = tmp_path_factory.mktemp("kp")
+    return {"KUBEPLANE_STATE": str(base / "s"), "KUBEPLANECONFIG": str(base / "config")}
+
+
+@pytest.fixture(scope="session")
+def kubeplane() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``kubeplane(env, *args)`` runs the CLI (see :func:`run_kubeplane`)."""
+    return run_kubeplane
+
+
+@pytest.fixture(scope="session")
+def toolchain_paths() -> toolchain.ToolchainPaths:
+    try:
+        return toolchain.Toolchain().require(KUBERNETES_VERSION)
+    except toolchain.ToolchainError as exc:
+        pytest.fail(f"e2e tests need the toolchain: {exc}")
+
+
+def _cluster(
+    env: dict[str, str], *, name: str, cidr: str, controlplanes: int, workers: int
+) -> Iterator[E2ECluster]:
+    root = Path(env["KUBEPLANE_STATE"])
+    created = None
+    try:
+        result = run_kubeplane(
+            env,
+            "cluster",
+            "create",
+            "--name",
+            name,
+            "--cidr",
+            cidr,
+            "--controlplanes",
+            str(controlplanes),
+            "--workers",
+            str(workers),
+            "--kubernetes-version",
+            KUBERNETES_VERSION,
+            "--wait-timeout",
+            "5m",
+            timeout=CREATE_TIMEOUT,
+        )
+        if cluster_mod.exists(name, state_root=root):
+            created = state.ClusterState.load(name, root=root)
+        assert result.returncode == 0, f"cluster create failed:\n{result.stdout}\n{result.stderr}"
+        assert created is not None
+        shown = cluster_mod.show(name, state_root=root)
+        yield E2ECluster(
+            name=name,
+            env=env,
+            directory=created.directory,
+            client_config=Path(env["KUBEPLANECONFIG"]),
+            kubeconfig=Path(shown["kubeconfig"]),
+            endpoint=shown["endpoint"],
+            control_plane=tuple(n.ip for n in created.nodes if n.role == "controlplane"),
+            workers=tuple(n.ip for n in created.nodes if n.role == "worker"),
+            haproxy=lb.HAProxy(directory=Path(created.dirs["haproxy"]), record=created.processes["haproxy"]),
+            registry_log=Path(created.dirs["registry"]) / "registry.log",
+        )
+    finally:
+        if created is None and cluster_mod.exists(name, state_root=root):
+            created = state.ClusterState.load(name, root=root)
+        destroyed = run_kubeplane(env, "cluster", "destroy", "--name", name)
+        assert destroyed.returncode == 0, f"cluster destroy failed:\n{destroyed.stdout}\n{destroyed.stderr}"
+        if created is not None:
+            left = leftovers(created, client_config_path=Path(env["KUBEPLANECONFIG"]))
+            assert not left, f"cluster destroy left things behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def cluster_1cp1w(e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainPaths) -> Iterator[E2ECluster]:
+    yield from _cluster(e2e_env, name="e2e1", cidr="10.5.21.0/24", controlplanes=1, workers=1)
+
+
+@pytest.fixture(scope="session")
+def cluster_3cp1w(e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainPaths) -> Iterator[E2ECluster]:
+    yield from _cluster(e2e_env, name="e2e3", cidr="10.5.23.0/24", controlplanes=3, workers=1)
+
+
+@pytest.fixture(scope="module")
+def cluster(e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainPaths) -> Iterator[E2ECluster]:
+    """A fresh 3 control plane + 1 worker cluster for one module (tests that change the cluster)."""
+    yield from _cluster(e2e_env, name="e2em", cidr="10.5.25.0/24", controlplanes=3, workers=1)

@@ -1,0 +1,133 @@
+"""e2e: ``kubeplane cluster create|show|destroy`` and ``kubeplane health`` on local clusters.
+
+Acceptance of the main job: a 1+1 cluster whose nodes kubectl sees Ready, that ``health`` passes
+and whose images came through the local registry; a 3+1 cluster with three etcd members and the
+three static pods on each control plane node, which keeps answering through the endpoint when
+one control plane node goes down while ``health`` names exactly that node. Destroy leaving
+nothing behind is asserted by the fixtures after each cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from kubeplane.provision import cluster as cluster_mod
+from kubeplane.provision import hostproc, netns, registry
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from subprocess import CompletedProcess
+
+    from conftest import E2ECluster
+
+pytestmark = pytest.mark.e2e
+
+COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
+
+def _ready(node: dict) -> bool:  # type: ignore[type-arg]
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+
+
+def test_bad_config_patch_fails_before_touching_the_network(
+    e2e_env: dict[str, str], kubeplane: Callable[..., CompletedProcess[str]]
+) -> None:
+    links_before = {link["ifname"] for link in netns._ip_json("link", "show")}
+    netns_before = set(os.listdir(netns.NETNS_DIR)) if netns.NETNS_DIR.exists() else set()
+    result = kubeplane(
+        e2e_env,
+        "cluster",
+        "create",
+        "--name",
+        "e2ebad",
+        "--cidr",
+        "10.5.27.0/24",
+        "--config-patch",
+        '[{"op": "replace", "path": "/machine/nosuchfield", "value": 1}]',
+    )
+    assert result.returncode == 1
+    assert "/machine has no key 'nosuchfield'" in result.stderr and "nothing was created" in result.stderr
+    assert "creating network" not in result.stdout
+    assert netns.link_info("kp-e2ebad") is None
+    assert {link["ifname"] for link in netns._ip_json("link", "show")} <= links_before
+    assert (set(os.listdir(netns.NETNS_DIR)) if netns.NETNS_DIR.exists() else set()) <= netns_before
+    assert not (Path(e2e_env["KUBEPLANE_STATE"]) / "e2ebad").exists()
+
+
+def test_1cp1w_kubectl_sees_both_nodes_ready(cluster_1cp1w: E2ECluster) -> None:
+    result = cluster_1cp1w.kubectl("get", "nodes", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    nodes = json.loads(result.stdout)["items"]
+    assert sorted(n["metadata"]["name"] for n in nodes) == ["e2e1-controlplane-1", "e2e1-worker-1"]
+    assert all(_ready(n) for n in nodes), [n["status"]["conditions"] for n in nodes]
+
+
+def test_1cp1w_health_passes(cluster_1cp1w: E2ECluster) -> None:
+    result = cluster_1cp1w.cli("health", "--wait-timeout", "2m")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert "waiting for etcd to be healthy: OK" in lines
+    assert "waiting for all k8s nodes to report ready: OK" in lines
+    assert sum(line.endswith(": OK") for line in lines) == 5
+
+
+def test_1cp1w_show_lists_nodes_roles_and_endpoint(cluster_1cp1w: E2ECluster) -> None:
+    result = cluster_1cp1w.cli("cluster", "show", "--name", "e2e1", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["endpoint"] == "https://10.5.21.1:6443"
+    assert [(n["name"], n["role"], n["ip"], n["agent"]) for n in document["nodes"]] == [
+        ("e2e1-controlplane-1", "controlplane", "10.5.21.2", "running"),
+        ("e2e1-worker-1", "worker", "10.5.21.3", "running"),
+    ]
+
+
+def test_1cp1w_containerd_pulled_every_image_through_the_registry(cluster_1cp1w: E2ECluster) -> None:
+    pulled = registry.pulled_repositories(cluster_1cp1w.registry_log)
+    assert {"pause", *COMPONENTS, "kube-proxy"} <= pulled, f"pulled through the registry: {sorted(pulled)}"
+    clients = {p.client for p in registry.pulls(cluster_1cp1w.registry_log)}
+    # Both nodes pulled (the worker needs pause and kube-proxy at least).
+    assert {"10.5.21.2", "10.5.21.3"} <= {c.rsplit(":", 1)[0] for c in clients}, clients
+
+
+def test_3cp1w_etcd_has_three_members(cluster_3cp1w: E2ECluster) -> None:
+    for node in cluster_3cp1w.control_plane:
+        result = cluster_3cp1w.cli("-n", node, "etcd", "members", "-o", "json")
+        assert result.returncode == 0, result.stderr
+        members = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+        names = {m.get("name") for m in members}
+        assert names == {f"e2e3-controlplane-{i}" for i in (1, 2, 3)}, members
+
+
+def test_3cp1w_each_control_plane_node_runs_the_static_pods(cluster_3cp1w: E2ECluster) -> None:
+    result = cluster_3cp1w.kubectl("get", "pods", "-n", "kube-system", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    pods = json.loads(result.stdout)["items"]
+    for ip in cluster_3cp1w.control_plane:
+        running = {
+            p["metadata"]["labels"].get("k8s-app")
+            for p in pods
+            if p["status"].get("hostIP") == ip and p["status"].get("phase") == "Running"
+        }
+        assert set(COMPONENTS) <= running, f"node {ip} runs {running}"
+
+
+def test_3cp1w_one_control_plane_node_down(cluster_3cp1w: E2ECluster) -> None:
+    """Runs last on this cluster: it takes a node down for good."""
+    down = cluster_3cp1w.state().nodes[1]
+    assert down.role == "controlplane"
+    hostproc.stop(down.processes[cluster_mod.AGENT], timeout=cluster_mod.AGENT_STOP_TIMEOUT)
+    cluster_mod.kill_node_processes(down)
+    cluster_3cp1w.haproxy.wait_status(down.name, until="out", timeout=15)
+    for _ in range(5):
+        result = cluster_3cp1w.kubectl("get", "nodes")
+        assert result.returncode == 0, result.stderr
+    health = cluster_3cp1w.cli("health", "--wait-timeout", "90s")
+    assert health.returncode == 1
+    assert f"failing nodes: {down.ip}\n" in health.stderr, health.stdout + health.stderr
+    assert "waiting for the Kubernetes API to answer through the endpoint: OK" in health.stdout

@@ -1,0 +1,247 @@
+"""e2e: ``kubeplane upgrade-k8s`` on a local 3 control plane + 1 worker cluster.
+
+Uses the ``cluster`` fixture of the e2e conftest (a fresh cluster at v1.20.2 for this module):
+
+- ``cluster.env``: environment for running the CLI against it (``KUBEPLANECONFIG`` = its client
+  config, ``KUBEPLANE_STATE`` = the state directory holding it, so the CLI finds its haproxy);
+- ``cluster.kubeconfig``: path of its admin kubeconfig (server = the haproxy endpoint);
+- ``cluster.endpoint``: ``https://10.5.0.1:6443``;
+- ``cluster.control_plane`` / ``cluster.workers``: node IP addresses (3 and 1);
+- ``cluster.haproxy``: its :class:`kubeplane.provision.loadbalancer.HAProxy` (admin socket).
+
+The tests run in order on the same cluster: checks that must change nothing first, then the
+upgrade itself (killed three times and re-run) with a client listing pods through the endpoint
+every 100 ms the whole time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+pytestmark = pytest.mark.e2e
+
+TARGET = "v1.20.2-kp.1"
+COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+KCPC = "kcpc"
+#: One upgrade run may take a while (9 component steps, kube-proxy rollout); a stuck one fails.
+RUN_TIMEOUT = 900
+PATCHED = re.compile(r"^ > patched (?P<path>\S+) = (?P<image>\S+) on node (?P<node>\S+)")
+STEP_DONE = re.compile(r"^ < (?P<what>done|already at target, skipped) \((?P<seconds>[\d.]+)s\)")
+STEP_START = re.compile(
+    r"^\[(?P<index>\d+)/(?P<total>\d+)\] (?P<kind>\S+) (?P<component>\S+) (?P<where>.*?):"
+)
+
+
+def kubeplane_binary() -> str:
+    """The ``kubeplane`` console script next to this interpreter (the project's venv)."""
+    return str(Path(sys.executable).with_name("kubeplane"))
+
+
+def api_client(kubeconfig: Path, *, retries: bool) -> Any:
+    """A Kubernetes client; without retries every failed request is seen as one."""
+    configuration = k8s_client.Configuration()
+    k8s_config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
+        yaml.safe_load(kubeconfig.read_text()), client_configuration=configuration, persist_config=False
+    )
+    if not retries:
+        configuration.retries = False
+    return k8s_client.ApiClient(configuration)
+
+
+class ApiProbe:
+    """Lists kube-system pods through the endpoint every ``interval`` seconds in a thread."""
+
+    def __init__(self, kubeconfig: Path, *, interval: float = 0.1) -> None:
+        self._core = k8s_client.CoreV1Api(api_client(kubeconfig, retries=False))
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="api-probe", daemon=True)
+        self.requests = 0
+        self.failures: list[str] = []
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.requests += 1
+            try:
+                self._core.list_namespaced_pod("kube-system", _request_timeout=5)
+            except Exception as exc:
+                self.failures.append(f"{time.strftime('%H:%M:%S')} {type(exc).__name__}: {str(exc)[:200]}")
+            self._stop.wait(self._interval)
+
+    def __enter__(self) -> ApiProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+@dataclasses.dataclass
+class Run:
+    """One CLI run: its output lines, exit code and whether it was killed."""
+
+    lines: list[str]
+    returncode: int
+    killed: bool
+
+
+def run_cli(env: Mapping[str, str], *args: str, kill_when: Callable[[list[str]], bool] | None = None) -> Run:
+    """Run ``kubeplane ARGS``; SIGKILL it as soon as ``kill_when(lines so far)`` is true."""
+    process = subprocess.Popen(
+        [kubeplane_binary(), *args],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    killed = False
+    timer = threading.Timer(RUN_TIMEOUT, process.kill)
+    timer.start()
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line.rstrip("\n"))
+            if kill_when is not None and not killed and kill_when(lines):
+                process.send_signal(signal.SIGKILL)
+                killed = True
+        process.wait()
+    finally:
+        timer.cancel()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return Run(lines=lines, returncode=process.returncode, killed=killed)
+
+
+def step_seconds(lines: Sequence[str]) -> list[tuple[str, str, float, str]]:
+    """``(component, where, seconds, done|skipped)`` of every finished step in a run's output."""
+    steps: list[tuple[str, str, float, str]] = []
+    current: tuple[str, str] | None = None
+    for line in lines:
+        if match := STEP_START.match(line):
+            current = (match["component"], match["where"])
+        elif (match := STEP_DONE.match(line)) and current is not None:
+            steps.append((*current, float(match["seconds"]), match["what"]))
+    return steps
+
+
+def kcpc_versions(env: Mapping[str, str], nodes: Sequence[str]) -> dict[tuple[str, str], int]:
+    """``(node, component) -> kcpc version`` read with ``kubeplane get kcpc -o json``."""
+    versions = {}
+    for component in COMPONENTS:
+        run = run_cli(env, "-n", ",".join(nodes), "get", KCPC, component, "-o", "json")
+        assert run.returncode == 0, "\n".join(run.lines)
+        for line in run.lines:
+            if line.startswith("{"):
+                document = yaml.safe_load(line)
+                versions[(document["node"], component)] = int(document["metadata"]["version"])
+    assert len(versions) == len(nodes) * len(COMPONENTS), versions
+    return versions
+
+
+def test_dry_run_changes_nothing(cluster: Any) -> None:
+    before = kcpc_versions(cluster.env, cluster.control_plane)
+    run = run_cli(cluster.env, "upgrade-k8s", "--to", TARGET, "--dry-run")
+    assert run.returncode == 0, "\n".join(run.lines)
+    output = "\n".join(run.lines)
+    assert "dry run: nothing was changed" in output
+    for node in cluster.control_plane:
+        assert f"static-pod kube-apiserver on node {node}: " in output
+    assert (
+        f"kube-proxy cluster-wide: k8s.gcr.io/kube-proxy:v1.20.2 -> k8s.gcr.io/kube-proxy:{TARGET}" in output
+    )
+    assert kcpc_versions(cluster.env, cluster.control_plane) == before
+
+
+def test_bad_target_and_unsupported_path_fail_before_any_change(cluster: Any) -> None:
+    before = kcpc_versions(cluster.env, cluster.control_plane)
+    malformed = run_cli(cluster.env, "upgrade-k8s", "--to", "v1.20")
+    assert malformed.returncode == 1
+    assert "malformed target version (--to) 'v1.20'" in "\n".join(malformed.lines)
+    unsupported = run_cli(cluster.env, "upgrade-k8s", "--to", "v1.22.0")
+    assert unsupported.returncode == 1
+    assert "unsupported upgrade path: v1.20.2 -> v1.22.0" in "\n".join(unsupported.lines)
+    assert kcpc_versions(cluster.env, cluster.control_plane) == before
+
+
+def _second_apiserver_patched(second: str) -> Callable[[list[str]], bool]:
+    # Killed right after the patch: the node is out of the rotation and its pod is restarting.
+    return lambda lines: any(
+        (m := PATCHED.match(line)) and m["node"] == second and "apiServer" in m["path"] for line in lines
+    )
+
+
+def _waiting_in_controller_manager(lines: list[str]) -> bool:
+    started = [
+        i
+        for i, line in enumerate(lines)
+        if " kube-controller-manager on node " in line and line.startswith("[")
+    ]
+    return bool(started) and any("retrying error:" in line for line in lines[started[0] :])
+
+
+def _proxy_step_started(lines: list[str]) -> bool:
+    return any(line.startswith("[") and " daemonset kube-proxy " in line for line in lines)
+
+
+def test_upgrade_killed_three_times_completes_without_failed_requests(cluster: Any) -> None:
+    second = cluster.control_plane[1]
+    kill_points = (_second_apiserver_patched(second), _waiting_in_controller_manager, _proxy_step_started)
+    runs: list[Run] = []
+    with ApiProbe(Path(cluster.kubeconfig)) as probe:
+        for kill_when in kill_points:
+            run = run_cli(cluster.env, "upgrade-k8s", "--to", TARGET, kill_when=kill_when)
+            assert run.killed, "the run ended before its kill point:\n" + "\n".join(run.lines)
+            runs.append(run)
+        final = run_cli(cluster.env, "upgrade-k8s", "--to", TARGET)
+        runs.append(final)
+    assert final.returncode == 0, "\n".join(final.lines)
+    print(f"\nAPI requests through the endpoint: {probe.requests}, failed: {len(probe.failures)}")
+    for failure in probe.failures:
+        print(f"  {failure}")
+
+    # Nothing was changed twice: each image path on each node was patched exactly once.
+    patched = Counter(
+        (m["node"], m["path"]) for run in runs for line in run.lines if (m := PATCHED.match(line))
+    )
+    assert set(patched.values()) == {1}, patched
+    assert len(patched) == len(cluster.control_plane) * (len(COMPONENTS) + 1)
+
+    core = k8s_client.CoreV1Api(api_client(Path(cluster.kubeconfig), retries=True))
+    for component in (*COMPONENTS, "kube-proxy"):
+        pods = core.list_namespaced_pod("kube-system", label_selector=f"k8s-app={component}").items
+        assert pods, component
+        for pod in pods:
+            assert pod.spec is not None and pod.metadata is not None
+            images = [str(container.image) for container in pod.spec.containers]
+            assert [image.rsplit(":", 1)[1] for image in images] == [TARGET], (pod.metadata.name, images)
+    version = k8s_client.VersionApi(api_client(Path(cluster.kubeconfig), retries=True)).get_code()
+    assert version.git_version == TARGET
+    # The rotation was restored for every node, even the one a kill left drained.
+    states = cluster.haproxy.server_states()
+    assert len(states) == len(cluster.control_plane)
+    assert all(status.in_rotation for status in states.values()), states
+    steps = [s for run in runs for s in step_seconds(run.lines) if s[3] == "done" and s[0] in COMPONENTS]
+    if steps:
+        print(f"median seconds per component-node step: {statistics.median(s[2] for s in steps):.1f}")
+    assert probe.failures == [], f"{len(probe.failures)} of {probe.requests} API requests failed"

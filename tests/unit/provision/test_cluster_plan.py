@@ -1,0 +1,189 @@
+"""Planning a local cluster: names, addresses, per-node configs, patches, and failing before side effects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from kubeplane.cli import cluster as cluster_cli
+from kubeplane.config import generate as gen
+from kubeplane.ops import health
+from kubeplane.provision import cluster
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def secrets() -> gen.SecretsBundle:
+    return gen.new_secrets()
+
+
+def _plan(secrets: gen.SecretsBundle, **kwargs: object) -> cluster.ClusterPlan:
+    return cluster.plan(cluster.ClusterRequest(**kwargs), secrets=secrets)  # type: ignore[arg-type]
+
+
+def _doc(node: cluster.NodePlan) -> dict:  # type: ignore[type-arg]
+    return yaml.safe_load(node.config)  # type: ignore[no-any-return]
+
+
+def test_nodes_control_plane_first_with_addresses_after_the_host(secrets: gen.SecretsBundle) -> None:
+    plan = _plan(secrets, name="demo", controlplanes=3, workers=2)
+    assert [(n.name, n.role, n.ip) for n in plan.nodes] == [
+        ("demo-controlplane-1", "controlplane", "10.5.0.2"),
+        ("demo-controlplane-2", "controlplane", "10.5.0.3"),
+        ("demo-controlplane-3", "controlplane", "10.5.0.4"),
+        ("demo-worker-1", "worker", "10.5.0.5"),
+        ("demo-worker-2", "worker", "10.5.0.6"),
+    ]
+    assert plan.network.bridge == "kp-demo"
+    assert plan.network.host_ip == "10.5.0.1"
+    assert plan.endpoint == "https://10.5.0.1:6443"
+    assert plan.registry_url == "http://10.5.0.1:6000"
+
+
+def test_other_cidr_moves_every_address(secrets: gen.SecretsBundle) -> None:
+    plan = _plan(secrets, name="demo", cidr="10.9.3.0/24", workers=0)
+    assert [n.ip for n in plan.nodes] == ["10.9.3.2"]
+    assert _doc(plan.nodes[0])["cluster"]["controlPlane"]["endpoint"] == "https://10.9.3.1:6443"
+
+
+def test_configs_use_the_local_registry_and_name_each_node(secrets: gen.SecretsBundle) -> None:
+    plan = _plan(secrets, name="demo", registry_mirrors={"docker.io": ("http://mirror.example:5000",)})
+    cp, worker = (_doc(n) for n in plan.nodes)
+    for doc, node in ((cp, plan.nodes[0]), (worker, plan.nodes[1])):
+        mirrors = doc["machine"]["registries"]["mirrors"]
+        assert mirrors["*"] == {"endpoints": ["http://10.5.0.1:6000"]}
+        assert mirrors["docker.io"] == {"endpoints": ["http://mirror.example:5000"]}
+        assert doc["machine"]["network"]["hostname"] == node.name
+        assert "10.5.0.1" in doc["machine"]["certSANs"]
+    assert cp["machine"]["type"] == "controlplane"
+    assert "10.5.0.1" in cp["cluster"]["apiServer"]["certSANs"]
+    assert worker["machine"]["type"] == "worker"
+    assert "key" not in worker["machine"]["ca"]  # workers never hold the OS CA key
+
+
+def test_client_context_targets_control_plane_endpoints_and_all_nodes(secrets: gen.SecretsBundle) -> None:
+    plan = _plan(secrets, name="demo", controlplanes=2, workers=1)
+    assert plan.client_config.context == "demo"
+    context = plan.client_config.contexts["demo"]
+    assert context.endpoints == ("10.5.0.2", "10.5.0.3")
+    assert context.nodes == ("10.5.0.2", "10.5.0.3", "10.5.0.4")
+
+
+def test_role_patches_apply_to_their_role_only(secrets: gen.SecretsBundle) -> None:
+    plan = _plan(
+        secrets,
+        name="demo",
+        config_patches=({"machine": {"kubelet": {"extraArgs": {"v": "2"}}}},),
+        controlplane_patches=({"cluster": {"allowSchedulingOnMasters": True}},),
+        worker_patches=({"machine": {"kubelet": {"extraArgs": {"max-pods": "50"}}}},),
+    )
+    cp, worker = (_doc(n) for n in plan.nodes)
+    assert cp["machine"]["kubelet"]["extraArgs"] == {"v": "2"}
+    assert cp["cluster"]["allowSchedulingOnMasters"] is True
+    assert worker["machine"]["kubelet"]["extraArgs"] == {"v": "2", "max-pods": "50"}
+    assert "allowSchedulingOnMasters" not in worker["cluster"]
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "message"),
+    [
+        (
+            {"config_patches": ([{"op": "replace", "path": "/machine/nope", "value": 1}],)},
+            "/machine has no key",
+        ),
+        ({"worker_patches": ([{"op": "remove", "path": "/cluster/nope"}],)}, "--config-patch-worker"),
+        ({"name": "Bad_Name"}, "cluster name 'Bad_Name' is invalid"),
+        ({"name": "much-too-long-name"}, "at most 12"),
+        ({"cidr": "10.5.0.0/30", "workers": 2}, "usable addresses"),
+        ({"cidr": "10.5.0.1/24"}, "cluster CIDR"),
+        ({"kubernetes_version": "1.20"}, "1.20"),
+    ],
+)
+def test_mistakes_are_plan_errors(
+    secrets: gen.SecretsBundle, request_kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(cluster.PlanError) as caught:
+        _plan(secrets, **request_kwargs)
+    assert message in str(caught.value)
+
+
+def test_cli_bad_patch_fails_before_any_side_effect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBEPLANE_STATE", str(tmp_path / "state"))
+    monkeypatch.setenv("KUBEPLANECONFIG", str(tmp_path / "config"))
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("create must not run when the request is invalid")
+
+    monkeypatch.setattr(cluster, "create", forbidden)
+    monkeypatch.setattr(cluster.netns, "create", forbidden)
+    result = CliRunner().invoke(
+        cluster_cli.cluster,
+        [
+            "create",
+            "--name",
+            "demo",
+            "--config-patch",
+            '[{"op": "add", "path": "/machine/bogus/x", "value": 1}]',
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    assert "config patch #1" in result.output and "nothing was created" in result.output
+    assert "creating network" not in result.output
+    assert not (tmp_path / "state").exists() and not (tmp_path / "config").exists()
+
+
+def test_trustd_passthrough_config_checks_tcp_only(tmp_path: Path) -> None:
+    text = cluster.trustd_config(
+        bind_address="10.5.0.1", servers=[("a", "10.5.0.2"), ("b", "10.5.0.3")], admin_socket=tmp_path / "s"
+    )
+    assert "bind 10.5.0.1:50001" in text
+    assert "server a 10.5.0.2:50001 check\n" in text and "server b 10.5.0.3:50001 check\n" in text
+    assert "ssl" not in text and "httpchk" not in text
+
+
+def test_parse_duration() -> None:
+    assert cluster_cli.parse_duration("10m") == 600
+    assert cluster_cli.parse_duration("1h30m") == 5400
+    assert cluster_cli.parse_duration("45s") == 45
+    assert cluster_cli.parse_duration("90") == 90
+    with pytest.raises(Exception, match="not a duration"):
+        cluster_cli.parse_duration("soon")
+
+
+def test_images_lists_what_nodes_pull() -> None:
+    result = CliRunner().invoke(cluster_cli.images, ["--kubernetes-version", "v1.20.2"])
+    assert result.exit_code == 0, result.output
+    assert result.output.split() == [
+        "k8s.gcr.io/kube-apiserver:v1.20.2",
+        "k8s.gcr.io/kube-controller-manager:v1.20.2",
+        "k8s.gcr.io/kube-scheduler:v1.20.2",
+        "k8s.gcr.io/kube-proxy:v1.20.2",
+        "k8s.gcr.io/pause:3.2",
+    ]
+
+
+def test_health_runs_every_check_and_names_failing_nodes() -> None:
+    attempts = {"flaky": 0}
+
+    def flaky() -> list[str]:
+        attempts["flaky"] += 1
+        return [] if attempts["flaky"] >= 2 else ["node 10.5.0.2: not yet"]
+
+    checks = [
+        health.Check("flaky", flaky),
+        health.Check("broken", lambda: ["node 10.5.0.3 (demo-controlplane-2): not Ready (x)"]),
+        health.Check("crashing", lambda: 1 / 0),  # type: ignore[arg-type,return-value]
+        health.Check("fine", lambda: []),
+    ]
+    reported: list[health.Result] = []
+    results = health.run(checks, timeout=0.3, interval=0.01, report=reported.append)
+    assert reported == results
+    assert [r.ok for r in results] == [True, False, False, True]
+    assert results[1].text().splitlines()[0] == "waiting for broken: FAILED"
+    assert "ZeroDivisionError" in results[2].problems[0]
+    assert results[3].text() == "waiting for fine: OK"
+    assert health.failing_nodes(results) == {"10.5.0.3"}
