@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import kubeplane
 from kubeplane import api, resources
+from kubeplane.agent import selfhosted
 
 if TYPE_CHECKING:
     from kubeplane.agent.node import Node
@@ -160,7 +161,14 @@ class AgentBackend:
 
     # -- cluster formation and containers -------------------------------------------------
 
-    async def bootstrap(self, *, snapshot: str | None) -> dict[str, Any]:
+    async def bootstrap(
+        self,
+        *,
+        snapshot: str | None,
+        self_hosted: bool = False,
+        checkpointer_image: str | None = None,
+        checkpointer_grace_period: int | None = None,
+    ) -> dict[str, Any]:
         data = None
         if snapshot is not None:
             try:
@@ -168,7 +176,20 @@ class AgentBackend:
             except ValueError as exc:
                 message = "snapshot must be the base64 of an etcd snapshot file"
                 raise api.InvalidArgumentError(message, fields=[("snapshot", message)]) from exc
-        return await self._node.bootstrap(snapshot=data)
+        options = None
+        if self_hosted:
+            if checkpointer_grace_period is not None and checkpointer_grace_period < 0:
+                message = "checkpointer_grace_period must be 0 or more seconds"
+                raise api.InvalidArgumentError(message, fields=[("checkpointer_grace_period", message)])
+            options = selfhosted.Options(
+                checkpointer_image=checkpointer_image or selfhosted.DEFAULT_CHECKPOINTER_IMAGE,
+                grace_period_seconds=(
+                    selfhosted.DEFAULT_GRACE_PERIOD
+                    if checkpointer_grace_period is None
+                    else checkpointer_grace_period
+                ),
+            )
+        return await self._node.bootstrap(snapshot=data, self_hosted=options)
 
     async def etcd_members(self) -> list[dict[str, Any]]:
         members: list[dict[str, Any]] = await self._node.etcd_call("members")

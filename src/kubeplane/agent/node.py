@@ -30,7 +30,7 @@ from typing import Any
 
 from kubeplane import api, config, pki, resources
 from kubeplane.agent import containers as node_containers
-from kubeplane.agent import controllers
+from kubeplane.agent import controllers, selfhosted
 from kubeplane.agent.backend import AgentBackend
 from kubeplane.agent.etcd import EtcdMember, EtcdRefused
 from kubeplane.agent.services import NodeServices
@@ -415,7 +415,10 @@ class Node:
             raise api.FailedPreconditionError(f"node {self.name} is a worker: it runs no etcd")
         return etcd
 
-    async def bootstrap(self, *, snapshot: bytes | None) -> dict[str, Any]:
+    async def bootstrap(
+        self, *, snapshot: bytes | None, self_hosted: selfhosted.Options | None = None
+    ) -> dict[str, Any]:
+        """Found etcd; with ``self_hosted`` also run the self-hosted bootstrap (:mod:`.selfhosted`)."""
         async with self._lock:
             services = self._services()
             if services.etcd is None:
@@ -426,11 +429,29 @@ class Node:
             refusal = await services.etcd.bootstrap_refusal()
             if refusal is not None:
                 raise api.FailedPreconditionError(f"bootstrap refused on {self.name}: {refusal}")
+            if self_hosted is not None:
+                self._start_self_hosted(services, self_hosted)
             services.etcd.request_bootstrap(snapshot)
             await services.supervisor.restart("etcd")
         how = "from the snapshot" if snapshot is not None else "as a new single-member cluster"
         log.info("bootstrap: etcd starts %s", how)
-        return {"message": f"bootstrap started on {self.name}: etcd starts {how}"}
+        mode = "; self-hosted control plane follows" if self_hosted is not None else ""
+        return {"message": f"bootstrap started on {self.name}: etcd starts {how}{mode}"}
+
+    def _start_self_hosted(self, services: NodeServices, options: selfhosted.Options) -> None:
+        state, original = self.state, self.store.current()
+        assert state is not None and original is not None  # services run only on a booted node
+        self._publish_config(state, selfhosted.with_temporary_keys(original))
+        runner = selfhosted.SelfHostedBootstrap(
+            state=state,
+            paths=self.paths,
+            node_name=self.name,
+            original=original,
+            kubeconfig=services.admin_kubeconfig,
+            publish_config=lambda document: self._publish_config(state, document),
+            options=options,
+        )
+        self._after_reply(runner.run)
 
     async def etcd_call(self, operation: str, **kwargs: Any) -> Any:
         etcd = self._etcd()

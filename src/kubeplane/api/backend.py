@@ -90,7 +90,14 @@ class NodeBackend(Protocol):
         """Restart the node's services in order, applying a staged config; returns a message."""
         ...
 
-    async def bootstrap(self, *, snapshot: str | None) -> Document:
+    async def bootstrap(
+        self,
+        *,
+        snapshot: str | None,
+        self_hosted: bool = False,
+        checkpointer_image: str | None = None,
+        checkpointer_grace_period: int | None = None,
+    ) -> Document:
         """Found the etcd cluster on this control plane node (once per cluster lifetime).
 
         ``snapshot`` (base64 of an etcd snapshot) rebuilds the cluster from it. Refused with

@@ -242,9 +242,25 @@ class NodeClient:
         """Restart the node's services, applying a staged config (admin only)."""
         return await self.call("Reboot", timeout=APPLY_TIMEOUT)
 
-    async def bootstrap(self, *, snapshot: bytes | None = None) -> list[Reply[wire.Document]]:
-        """Found the etcd cluster on the node, optionally from an etcd snapshot (admin only)."""
-        request = {"snapshot": base64.b64encode(snapshot).decode("ascii") if snapshot is not None else None}
+    async def bootstrap(
+        self,
+        *,
+        snapshot: bytes | None = None,
+        self_hosted: bool = False,
+        checkpointer_image: str | None = None,
+        checkpointer_grace_period: int | None = None,
+    ) -> list[Reply[wire.Document]]:
+        """Found the etcd cluster on the node, optionally from an etcd snapshot (admin only);
+        ``self_hosted`` then brings up a self-hosted control plane (bootkube style)."""
+        request: dict[str, object] = {
+            "snapshot": base64.b64encode(snapshot).decode("ascii") if snapshot is not None else None
+        }
+        if self_hosted:
+            request.update(
+                self_hosted=True,
+                checkpointer_image=checkpointer_image,
+                checkpointer_grace_period=checkpointer_grace_period,
+            )
         return await self.call("Bootstrap", request, timeout=APPLY_TIMEOUT)
 
     async def etcd_members(self) -> list[Reply[list[wire.Document]]]:

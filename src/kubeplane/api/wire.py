@@ -187,7 +187,17 @@ CALLS: tuple[Call, ...] = (
     ),
     Call("Reboot", "reboot", access="admin"),
     # Cluster formation (etcd, bootstrap) and the node's CRI containers.
-    Call("Bootstrap", "bootstrap", params=(Param("snapshot", str),), access="admin"),
+    Call(
+        "Bootstrap",
+        "bootstrap",
+        params=(
+            Param("snapshot", str),
+            Param("self_hosted", bool, default=False),
+            Param("checkpointer_image", str),
+            Param("checkpointer_grace_period", int),
+        ),
+        access="admin",
+    ),
     Call("EtcdMembers", "etcd_members", access="admin"),
     Call("EtcdLeave", "etcd_leave", params=(Param("force", bool, default=False),), access="admin"),
     Call("EtcdForfeitLeadership", "etcd_forfeit_leadership", access="admin"),

@@ -27,7 +27,7 @@ from kubeplane.cli import output
 from kubeplane.clients import kube
 from kubeplane.config import client as client_config
 from kubeplane.config import generate as gen
-from kubeplane.ops import health
+from kubeplane.ops import convert, health
 from kubeplane.provision import cluster as cluster_mod
 from kubeplane.provision import netns, state, steps, toolchain
 
@@ -88,7 +88,18 @@ def cluster() -> None:
 @click.option("--config-patch-worker", "worker_patches", multiple=True, metavar="PATCH|@FILE")
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until the cluster is healthy.")
 @click.option("--wait-timeout", default="10m", show_default=True, help="How long to wait for health.")
-@click.option("--self-hosted", is_flag=True, hidden=True)
+@click.option(
+    "--self-hosted",
+    is_flag=True,
+    help="Self-hosted control plane (DaemonSets + pod-checkpointer), as older releases ran; see convert-k8s.",
+)
+@click.option(
+    "--checkpointer-grace-period",
+    default=300,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Seconds a pod checkpoint outlives its parent (--self-hosted).",
+)
 def create(
     *,
     name: str,
@@ -103,10 +114,9 @@ def create(
     wait: bool,
     wait_timeout: str,
     self_hosted: bool,
+    checkpointer_grace_period: int,
 ) -> None:
     """Create a local cluster: network, load balancer, registry, one agent per node, bootstrap."""
-    if self_hosted:
-        raise click.ClickException("--self-hosted is not implemented yet (it arrives with convert-k8s)")
     timeout = parse_duration(wait_timeout)
     try:
         request = cluster_mod.ClusterRequest(
@@ -119,6 +129,8 @@ def create(
             config_patches=tuple(load_patch(p, "--config-patch") for p in patches),
             controlplane_patches=tuple(load_patch(p, "--config-patch-controlplane") for p in cp_patches),
             worker_patches=tuple(load_patch(p, "--config-patch-worker") for p in worker_patches),
+            self_hosted=self_hosted,
+            checkpointer_grace_period=checkpointer_grace_period,
         )
         plan = cluster_mod.plan(request, progress=click.echo)
         paths = cluster_mod.preflight(plan, toolchain=toolchain.Toolchain())
@@ -137,7 +149,7 @@ def create(
     click.echo(f"merged context {name!r} into {config_path} (current)")
     click.echo(f"kubeconfig: {created.kubeconfig}")
     if wait:
-        results = wait_healthy(created, timeout=timeout)
+        results = wait_healthy(created, timeout=timeout, self_hosted=self_hosted)
         failed = [r for r in results if not r.ok]
         if failed:
             raise click.ClickException(
@@ -148,8 +160,11 @@ def create(
     click.echo(f"cluster {name!r} is up: kubectl --kubeconfig {created.kubeconfig} get nodes")
 
 
-def wait_healthy(created: cluster_mod.CreatedCluster, *, timeout: float) -> list[health.Result]:
-    """Run the health checks against a just-created cluster, printing each as it finishes."""
+def wait_healthy(
+    created: cluster_mod.CreatedCluster, *, timeout: float, self_hosted: bool = False
+) -> list[health.Result]:
+    """Run the health checks against a just-created cluster, printing each as it finishes
+    (a self-hosted one first has to finish handing over from its temporary control plane)."""
     kubeconfig = created.kubeconfig.read_text()
 
     def node_client(nodes: Sequence[str]) -> api.NodeClient:
@@ -160,6 +175,14 @@ def wait_healthy(created: cluster_mod.CreatedCluster, *, timeout: float) -> list
         node_client=node_client,
         kube=lambda: kube.api_client(kubeconfig),
     )
+    if self_hosted:
+        checks.insert(
+            0,
+            health.Check(
+                "the self-hosted control plane to take over from the temporary one",
+                lambda: convert.self_hosted_problems(kube.api_client(kubeconfig)),
+            ),
+        )
     return health.run(checks, timeout=timeout, report=lambda result: click.echo(result.text()))
 
 

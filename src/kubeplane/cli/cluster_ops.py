@@ -47,12 +47,38 @@ def _print_messages(replies: list[Any], outcome: connect.Outcome) -> None:
     metavar="SNAPSHOT",
     help="Rebuild etcd from this snapshot file (from `kubeplane etcd snapshot`).",
 )
-def bootstrap(*, recover_from: Path | None) -> None:
+@click.option(
+    "--self-hosted",
+    is_flag=True,
+    help="Bring up a self-hosted control plane (DaemonSets + pod-checkpointer), as older releases did.",
+)
+@click.option("--checkpointer-image", default=None, help="Image of the pod-checkpointer (--self-hosted).")
+@click.option(
+    "--checkpointer-grace-period",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Seconds a checkpoint outlives its parent (--self-hosted; default 300).",
+)
+def bootstrap(
+    *,
+    recover_from: Path | None,
+    self_hosted: bool,
+    checkpointer_image: str | None,
+    checkpointer_grace_period: int | None,
+) -> None:
     """Found the etcd cluster on this control plane node (once per cluster lifetime)."""
     target = connect.resolve(connect.options())
     _one_node(target, "bootstrap")
     snapshot = recover_from.read_bytes() if recover_from is not None else None
-    replies = connect.with_client(target, lambda c: c.bootstrap(snapshot=snapshot))
+    replies = connect.with_client(
+        target,
+        lambda c: c.bootstrap(
+            snapshot=snapshot,
+            self_hosted=self_hosted,
+            checkpointer_image=checkpointer_image,
+            checkpointer_grace_period=checkpointer_grace_period,
+        ),
+    )
     _print_messages(replies, connect.Outcome())
 
 

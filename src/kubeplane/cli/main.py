@@ -28,6 +28,7 @@ FAMILIES = (
     "kubeplane.cli.validate",
     "kubeplane.cli.toolchain",
     "kubeplane.cli.upgrade",
+    "kubeplane.cli.convert",
 )
 
 

@@ -11,8 +11,9 @@ bad ``--config-patch`` fails without touching the network or the disk.
 Creation (:func:`create`) then runs named steps, each recorded in the cluster state before it
 acts, so :func:`destroy` can undo a half-made cluster as well as a whole one:
 
-``creating network`` → ``creating load balancer`` → ``creating registry`` (seeded with every
-toolchain image) → ``creating master nodes`` / ``creating worker nodes`` (one ``kubeplaned`` per
+``creating network`` → ``creating load balancer`` → ``creating registry`` (seeded with the
+images of every complete toolchain build in the cache, so an upgrade to another cached version
+pulls through it) → ``creating master nodes`` / ``creating worker nodes`` (one ``kubeplaned`` per
 node in its network namespace, in maintenance mode) → ``applying configs`` (insecure apply) →
 ``bootstrapping`` (the first control plane node founds etcd) → ``writing client config and
 kubeconfig``. Waiting for health is the caller's (the CLI runs :mod:`kubeplane.ops.health`),
@@ -55,7 +56,7 @@ from kubeplane.agent import services as agent_services
 from kubeplane.api import trustd as trustd_api
 from kubeplane.config import client as client_config
 from kubeplane.config import generate as gen
-from kubeplane.provision import hostproc, netns
+from kubeplane.provision import checkpointer_image, hostproc, netns
 from kubeplane.provision import loadbalancer as lb
 from kubeplane.provision import registry as registry_mod
 from kubeplane.provision import state as state_mod
@@ -115,6 +116,10 @@ class ClusterRequest:
     config_patches: tuple[gen.Patch, ...] = ()
     controlplane_patches: tuple[gen.Patch, ...] = ()
     worker_patches: tuple[gen.Patch, ...] = ()
+    #: Bootstrap a self-hosted control plane (configs without serviceAccount/aggregatorCA).
+    self_hosted: bool = False
+    #: Seconds a pod checkpoint outlives its parent (self-hosted only).
+    checkpointer_grace_period: int = 300
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,10 +219,13 @@ def plan(
         generated = gen.generate(options, bundle)
     except (gen.GenerateError, config_mod.ConfigError) as exc:
         raise PlanError(f"cannot generate the machine configs: {exc}") from exc
+    controlplane_document = _patched(
+        generated.documents["controlplane"], request.controlplane_patches, "controlplane"
+    )
+    if request.self_hosted:
+        controlplane_document = without_static_pod_secrets(controlplane_document)
     role_documents = {
-        "controlplane": _local_defaults(
-            _patched(generated.documents["controlplane"], request.controlplane_patches, "controlplane")
-        ),
+        "controlplane": _local_defaults(controlplane_document),
         "worker": _local_defaults(_patched(generated.documents["worker"], request.worker_patches, "worker")),
     }
     nodes = tuple(
@@ -241,6 +249,15 @@ def plan(
         secrets=bundle,
         client_config=client_config.ClientConfig(context=name, contexts={name: context}),
     )
+
+
+def without_static_pod_secrets(document: gen.Document) -> gen.Document:
+    """The config in the self-hosted (older) format: no ``cluster.serviceAccount`` or
+    ``cluster.aggregatorCA`` (the bootstrap node generates them for its temporary control plane)."""
+    cluster = dict(document.get("cluster") or {})
+    for key in ("serviceAccount", "aggregatorCA"):
+        cluster.pop(key, None)
+    return {**document, "cluster": cluster}
 
 
 def _patched(document: gen.Document, patches: Sequence[gen.Patch], role: str) -> gen.Document:
@@ -376,6 +393,23 @@ def node_hint(node: state_mod.NodeState) -> str:
     return f"look at {logs}/*.log (kubeplaned.log, kubelet.log, ...) or `kubeplane -n {node.ip} logs kubelet`"
 
 
+def registry_toolchains(cluster_paths: toolchain_mod.ToolchainPaths) -> list[toolchain_mod.ToolchainPaths]:
+    """The toolchain builds whose images seed the registry: the cluster's, then every other complete one.
+
+    Holding every cached build makes ``upgrade-k8s --to`` any of them pull through the mirror, as
+    an air-gapped registry holds the target release before an upgrade; incomplete builds are left
+    out (their images may be partial).
+    """
+    cache = toolchain_mod.Toolchain(cluster_paths.root.parent.parent)
+    others = []
+    for version in cache.versions():
+        if version == cluster_paths.version:
+            continue
+        with contextlib.suppress(toolchain_mod.ToolchainError):
+            others.append(cache.require(version))
+    return [cluster_paths, *others]
+
+
 def create(
     cluster_plan: ClusterPlan,
     *,
@@ -429,10 +463,15 @@ def create(
         cluster.processes["registry"] = registry.start()
         cluster.save()
         with log.open("a") as out:
-            for name, tar in toolchain_paths.images.items():
-                ref = toolchain_paths.image_ref(name)
-                pushed = registry.push(tar, ref)
-                out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
+            for paths in registry_toolchains(toolchain_paths):
+                for name, tar in paths.images.items():
+                    ref = paths.image_ref(name)
+                    pushed = registry.push(tar, ref)
+                    out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
+            if cluster_plan.request.self_hosted:
+                image = checkpointer_image.Builder().ensure(progress=progress)
+                pushed = registry.push(image.archive, image.ref)
+                out.write(f"{image.ref}: {'pushed' if pushed else 'already present'}\n")
 
     command = agent_command()
     for role, title in (("controlplane", "creating master nodes"), ("worker", "creating worker nodes")):
@@ -454,7 +493,7 @@ def create(
     first = cluster.node(cluster_plan.controlplanes[0].name)
     with steps.step("bootstrapping", first.name):
         _retry(
-            lambda: _run(_bootstrap(first.ip, credentials)),
+            lambda: _run(_bootstrap(first.ip, credentials, request=cluster_plan.request)),
             timeout=step_timeout,
             what=f"bootstrap of {first.name} ({first.ip})",
             hint=node_hint(first),
@@ -580,9 +619,16 @@ def _apply(node: state_mod.NodeState, text: str, *, timeout: float) -> None:
     )
 
 
-async def _bootstrap(address: str, credentials: api.Credentials) -> object:
+async def _bootstrap(address: str, credentials: api.Credentials, *, request: ClusterRequest) -> object:
     async with api.NodeClient([address], credentials=credentials, timeout=30.0) as client:
-        return (await client.bootstrap())[0].unwrap()
+        if not request.self_hosted:
+            return (await client.bootstrap())[0].unwrap()
+        replies = await client.bootstrap(
+            self_hosted=True,
+            checkpointer_image=checkpointer_image.image_ref(),
+            checkpointer_grace_period=request.checkpointer_grace_period,
+        )
+        return replies[0].unwrap()
 
 
 async def _kubeconfig(address: str, credentials: api.Credentials) -> str:

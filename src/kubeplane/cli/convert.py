@@ -1,0 +1,220 @@
+"""``kubeplane convert-k8s``: self-hosted control plane → static pods (:mod:`kubeplane.ops.convert`).
+
+Implements :class:`kubeplane.ops.convert.Env` over the node API (reusing the upgrade command's
+node adapter), the official Kubernetes client (admin kubeconfig asked from a node, ``--endpoint``
+replaces its server) and etcd (a short-lived client certificate issued from the etcd CA in a
+control plane node's machine config, for the ``initialized`` key). Prompts read from stdin, so
+they work on a terminal and through a pipe or pseudo-terminal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from datetime import timedelta
+from typing import Any
+
+import click
+from kubernetes import client as k8s_client
+
+from kubeplane import config as machine_config
+from kubeplane import pki
+from kubeplane.cli import connect
+from kubeplane.cli.upgrade import REQUEST_TIMEOUT, NodeAPIAdapter, with_server
+from kubeplane.clients import etcd as etcd_client
+from kubeplane.clients import kube as kube_client
+from kubeplane.ops import convert
+from kubeplane.ops.errors import OpsError
+from kubeplane.resources import catalog
+
+INITIALIZED_KEY = b"kubeplane:v1:initialized"
+CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/master", "node-role.kubernetes.io/control-plane")
+
+
+def register(group: click.Group) -> None:
+    """Add ``convert-k8s`` to the root group."""
+    group.add_command(convert_k8s)
+
+
+class KubeplaneEnv:
+    """:class:`kubeplane.ops.convert.Env` for a real (or local) cluster."""
+
+    def __init__(self, target: connect.Target, *, endpoint: str | None) -> None:
+        self.nodes = NodeAPIAdapter(target)
+        self.endpoint = endpoint
+        self._core: Any = None
+        self._apps: Any = None
+
+    async def _kube(self) -> tuple[Any, Any]:
+        if self._core is None:
+            text = await self.nodes.kubeconfig(None)
+            client = kube_client.api_client(with_server(text, self.endpoint))
+            self._core, self._apps = k8s_client.CoreV1Api(client), k8s_client.AppsV1Api(client)
+        return self._core, self._apps
+
+    async def _call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(function, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+
+    async def close(self) -> None:
+        await self.nodes.close()
+
+    async def master_nodes(self) -> list[tuple[str, str]]:
+        core, _ = await self._kube()
+        found = []
+        for node in (await self._call(core.list_node)).items:
+            labels = node.metadata.labels or {}
+            ips = [a.address for a in node.status.addresses or () if a.type == "InternalIP"]
+            if ips and any(label in labels for label in CONTROL_PLANE_LABELS):
+                found.append((ips[0], node.metadata.name))
+        return sorted(found)
+
+    async def self_hosted(self, node: str) -> bool:
+        document = await self.nodes._one(
+            node,
+            await self.nodes._client(node).resource_get(
+                catalog.BOOTSTRAP_STATUSES, catalog.BOOTSTRAP_STATUS_ID
+            ),
+        )
+        return bool((document.get("spec") or {}).get("selfHostedControlPlane"))
+
+    async def secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
+        core, _ = await self._kube()
+        try:
+            secret = await self._call(core.read_namespaced_secret, name, namespace)
+        except k8s_client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        value = (secret.data or {}).get(key)
+        return base64.b64decode(value) if value else None
+
+    async def daemonset_image(self, name: str) -> str | None:
+        _, apps = await self._kube()
+        try:
+            ds = await self._call(apps.read_namespaced_daemon_set, name, "kube-system")
+        except k8s_client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return str(ds.spec.template.spec.containers[0].image)
+
+    async def machine_config(self, node: str) -> str:
+        return await self.nodes.machine_config(node)
+
+    async def apply_config(self, node: str, data: str) -> None:
+        await self.nodes.apply_config(node, data, mode="immediate")
+
+    async def resource_ids(self, node: str, type_name: str) -> list[str]:
+        documents = await self.nodes._one(node, await self.nodes._client(node).resource_list(type_name))
+        return [str(d["metadata"]["id"]) for d in documents]
+
+    async def delete_daemonset(self, name: str) -> bool:
+        _, apps = await self._kube()
+        try:
+            await self._call(apps.delete_namespaced_daemon_set, name, "kube-system")
+        except k8s_client.ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def system_pods(self) -> list[convert.Pod]:
+        core, _ = await self._kube()
+        pods = []
+        for item in (await self._call(core.list_namespaced_pod, "kube-system")).items:
+            conditions = item.status.conditions or ()
+            pods.append(
+                convert.Pod(
+                    name=item.metadata.name,
+                    node_name=item.spec.node_name or "",
+                    phase=item.status.phase or "",
+                    ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
+                    labels=dict(item.metadata.labels or {}),
+                    annotations=dict(item.metadata.annotations or {}),
+                    owner_kinds=tuple(ref.kind for ref in item.metadata.owner_references or ()),
+                )
+            )
+        return pods
+
+    async def force_delete_pod(self, name: str) -> None:
+        core, _ = await self._kube()
+        try:
+            await self._call(core.delete_namespaced_pod, name, "kube-system", grace_period_seconds=0)
+        except k8s_client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def remove_initialized_key(self) -> None:
+        masters = await self.master_nodes()
+        if not masters:
+            raise OpsError("no control plane nodes found to reach etcd through")
+        document = machine_config.load(await self.nodes.machine_config(masters[0][0]))
+        etcd_ca = document.model.cluster.etcd.ca if document.model.cluster.etcd else None
+        if etcd_ca is None or not etcd_ca.key:
+            raise OpsError(f"node {masters[0][0]}: the machine config has no cluster.etcd.ca key")
+        pair = pki.issue(
+            ca=pki.CertKey(cert=etcd_ca.crt_pem(), key=etcd_ca.key_pem()),
+            common_name="kubeplane:convert-k8s",
+            usages=("client",),
+            lifetime=timedelta(hours=1),
+        )
+        tls = etcd_client.tls_context(ca=etcd_ca.crt_pem(), cert=pair.cert, key=pair.key)
+        client = etcd_client.EtcdClient([f"https://{ip}:2379" for ip, _ in masters], tls=tls)
+        try:
+            await client.delete(INITIALIZED_KEY)
+        finally:
+            await client.aclose()
+
+
+def _confirm(prompt: str) -> bool:
+    while True:
+        answer = click.prompt(prompt.rstrip(": "), prompt_suffix=": ", default="", show_default=False)
+        if answer.strip().lower() in ("yes", "y"):
+            return True
+        if answer.strip().lower() in ("no", "n"):
+            return False
+
+
+async def _convert(
+    target: connect.Target, *, endpoint: str | None, force: bool, remove_key_only: bool
+) -> convert.Timing:
+    env = KubeplaneEnv(target, endpoint=endpoint)
+    timing = convert.Timing()
+    try:
+        if remove_key_only:
+            click.echo("removing self-hosted initialized key")
+            await env.remove_initialized_key()
+            return timing
+        converter = convert.Converter(
+            env, options=convert.Options(force=force), echo=click.echo, confirm=_confirm, timing=timing
+        )
+        await converter.run()
+        return timing
+    finally:
+        await env.close()
+
+
+@click.command("convert-k8s")
+@click.option("--endpoint", metavar="URL", help="Kubernetes API endpoint to use instead of the kubeconfig's.")
+@click.option("--force", is_flag=True, help="Answer yes to both confirmations.")
+@click.option("--remove-initialized-key", is_flag=True, hidden=True, help="Manual procedure step only.")
+def convert_k8s(*, endpoint: str | None, force: bool, remove_initialized_key: bool) -> None:
+    """Convert a self-hosted control plane (DaemonSets + pod-checkpointer) to static pods.
+
+    Safe to re-run after any failure or interruption. See docs/convert.md.
+    """
+    target = connect.resolve(connect.options())
+    try:
+        timing = connect.run(
+            _convert(target, endpoint=endpoint, force=force, remove_key_only=remove_initialized_key),
+            target=target,
+        )
+    except convert.Aborted as exc:
+        raise click.ClickException("aborted: the self-hosted control plane keeps running") from exc
+    except OpsError as exc:
+        message = str(exc)
+        if convert.RESUME not in message:
+            message = f"{message}; {convert.RESUME}"
+        raise click.ClickException(message) from exc
+    if timing.waits:
+        click.echo("time spent waiting: " + ", ".join(f"{k} {v:.0f}s" for k, v in timing.waits.items()))

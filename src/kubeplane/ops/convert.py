@@ -1,0 +1,465 @@
+"""``convert-k8s``: a self-hosted control plane (DaemonSets + pod-checkpointer) → static pods.
+
+Follows REFERENCE.md §4 step by step with the original's messages:
+
+1. discover control plane nodes (Nodes labelled master/control-plane, first InternalIP);
+2. if the first node's BootstrapStatus is self-hosted: read ``service-account.key`` from Secret
+   ``kube-system/kube-controller-manager``, take an aggregator CA (**better:** the one an earlier
+   interrupted run already patched into a config is reused, a new one is minted only when no
+   node has one), copy the DaemonSet images, and patch every control plane config
+   ``--immediate`` (refused when ``persist: false``: the patch would not survive a reboot);
+3. wait until every control plane node has the three StaticPods and at least one Manifest;
+4. prompt ``confirm disabling pod-checkpointer ...`` (``no`` → "aborted", nothing else changed);
+5. delete DaemonSet ``pod-checkpointer`` and wait until no pod checkpoint is active
+   (``retrying error: found N active pod checkpoints: [...]``); all-Pending ones are force-deleted;
+6. prompt ``confirm applying static pod definitions and manifests``;
+7. remove the etcd ``initialized`` key;
+8. per component: wait for its static (mirror) pods, delete its DaemonSet, wait for them Ready.
+
+Re-runnable at every point: when the cluster is no longer self-hosted it goes straight to step 8,
+which tolerates DaemonSets already gone. Every wait prints what it waits for; :class:`ConvertError`
+messages end with how to resume. Retryable errors (API timeouts, 5xx, connection refused/reset,
+EOF) are retried inside the waits: :func:`retryable` decides.
+
+The ``Env`` protocol is everything the conversion touches (node API, Kubernetes API, etcd); the CLI
+implements it, tests fake it. ``Timing`` records how long each wait took (for the benchmark).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import functools
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from kubernetes import client as k8s_client
+
+from kubeplane import config as machine_config
+from kubeplane import pki
+from kubeplane.ops.errors import OpsError, PreflightError, WaitTimeout
+
+COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+CHECKPOINTER = "pod-checkpointer"
+CHECKPOINT_OF = "checkpointer.alpha.coreos.com/checkpoint-of"
+SECRETS_VERSION = "kubeplane.dev/secrets-version"
+IMAGE_PATHS = {
+    "kube-apiserver": ("cluster", "apiServer", "image"),
+    "kube-controller-manager": ("cluster", "controllerManager", "image"),
+    "kube-scheduler": ("cluster", "scheduler", "image"),
+}
+RESUME = "re-run `kubeplane convert-k8s` to resume: every step is safe to repeat"
+
+
+class ConvertError(OpsError):
+    """The conversion stopped; the message says where and how to resume."""
+
+
+class Aborted(OpsError):
+    """The user answered no: the self-hosted control plane keeps running."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pod:
+    """What the conversion needs to know of a kube-system pod."""
+
+    name: str
+    node_name: str = ""
+    phase: str = ""
+    ready: bool = False
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    owner_kinds: tuple[str, ...] = ()
+
+
+class Env(Protocol):
+    """Node API, Kubernetes API and etcd as the conversion uses them."""
+
+    async def master_nodes(self) -> list[tuple[str, str]]:
+        """(InternalIP, node name) of every control plane Node."""
+
+    async def self_hosted(self, node: str) -> bool:
+        """The node's BootstrapStatus."""
+
+    async def secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
+        """One key of a Secret (decoded), None when the Secret or key is missing."""
+
+    async def daemonset_image(self, name: str) -> str | None:
+        """``spec.template.spec.containers[0].image`` of a kube-system DaemonSet, None if absent."""
+
+    async def machine_config(self, node: str) -> str:
+        """The node's current machine config (YAML)."""
+
+    async def apply_config(self, node: str, data: str) -> None:
+        """Apply ``data`` to ``node`` in ``immediate`` mode."""
+
+    async def resource_ids(self, node: str, type_name: str) -> list[str]:
+        """Ids of the node's resources of a type (``staticpods``, ``manifests``)."""
+
+    async def delete_daemonset(self, name: str) -> bool:
+        """Delete a kube-system DaemonSet; False when it was already gone."""
+
+    async def system_pods(self) -> list[Pod]:
+        """Every kube-system pod."""
+
+    async def force_delete_pod(self, name: str) -> None:
+        """Delete a kube-system pod with grace period 0."""
+
+    async def remove_initialized_key(self) -> None:
+        """Delete the etcd ``initialized`` key (needs an etcd leader)."""
+
+
+@dataclasses.dataclass
+class Timing:
+    """Seconds spent in each wait, in order (for ``bench/bench_convert.py``)."""
+
+    waits: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.waits[name] = self.waits.get(name, 0.0) + seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    force: bool = False
+    #: How often and how long the waits poll (the original: 20 s / 7 min for checkpoints).
+    interval: float = 2.0
+    checkpoint_interval: float = 5.0
+    static_pod_timeout: float = 180.0
+    checkpoint_timeout: float = 420.0
+    component_timeout: float = 300.0
+
+
+Confirm = Callable[[str], bool]
+Echo = Callable[[str], None]
+
+
+def retryable(exc: BaseException) -> bool:
+    """API timeouts, 5xx, connection refused/reset, EOF: worth another try."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and status >= 500:
+        return True
+    if isinstance(exc, ConnectionError | TimeoutError | EOFError | asyncio.TimeoutError):
+        return True
+    text = str(exc).lower()
+    markers = ("timed out", "timeout", "connection refused", "connection reset", "eof", "unavailable")
+    if any(marker in text for marker in markers):
+        return True
+    cause = exc.__cause__ or exc.__context__
+    return cause is not None and cause is not exc and retryable(cause)
+
+
+async def wait_until(
+    what: str,
+    attempt: Callable[[], Awaitable[Any]],
+    *,
+    timeout: float,
+    interval: float,
+    echo: Echo,
+    timing: Timing,
+    key: str,
+) -> Any:
+    """Print ``waiting for <what>``, then poll ``attempt`` until truthy; retryable errors and
+    falsy results are retried (an ``str`` result is logged as ``retrying error: ...``)."""
+    echo(f"waiting for {what}")
+    started = time.monotonic()
+    deadline = started + timeout
+    last = "the condition was never met"
+    try:
+        while True:
+            try:
+                value = await attempt()
+            except Exception as exc:
+                if not retryable(exc):
+                    raise
+                value, last = None, f"{type(exc).__name__}: {exc}"
+            if isinstance(value, str):
+                last = value
+                echo(f"{time.strftime('%Y/%m/%d %H:%M:%S')} retrying error: {value}")
+            elif value:
+                return value
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(f"timed out after {timeout:g}s waiting for {what} ({last}); {RESUME}")
+            await asyncio.sleep(interval)
+    finally:
+        timing.add(key, time.monotonic() - started)
+
+
+class Converter:
+    """Runs the steps of the module docstring against ``env``."""
+
+    def __init__(
+        self, env: Env, *, options: Options, echo: Echo, confirm: Confirm, timing: Timing | None = None
+    ) -> None:
+        self.env = env
+        self.options = options
+        self.echo = echo
+        self.confirm = confirm
+        self.timing = timing or Timing()
+
+    async def run(self) -> None:
+        nodes = await self.env.master_nodes()
+        if not nodes:
+            raise PreflightError(
+                "no control plane nodes found (Nodes labelled node-role.kubernetes.io/master or "
+                "node-role.kubernetes.io/control-plane); check `kubectl get nodes --show-labels`"
+            )
+        addresses = [address for address, _ in nodes]
+        self.echo("discovered master nodes [" + " ".join(f'"{a}"' for a in addresses) + "]")
+        self_hosted = await self.env.self_hosted(addresses[0])
+        self.echo(f"current self-hosted status: {str(self_hosted).lower()}")
+        if self_hosted:
+            await self.patch_configs(addresses)
+            await self.wait_rendered(addresses)
+            self.echo(
+                "kubeplane generated control plane static pod definitions and bootstrap manifests, please "
+                "verify them with commands:\n"
+                "    kubeplane -n <master node IP> get staticpods\n"
+                "    kubeplane -n <master node IP> get manifests\n\n"
+                "in order to remove self-hosted control plane, pod-checkpointer component needs to be "
+                "disabled\nonce pod-checkpointer is disabled, the cluster shouldn't be rebooted until the "
+                "entire conversion process is complete"
+            )
+            self.ask("confirm disabling pod-checkpointer to proceed with control plane update")
+            await self.disable_checkpointer()
+            self.ask("confirm applying static pod definitions and manifests")
+            self.echo("removing self-hosted initialized key")
+            await self.remove_initialized_key()
+        await self.replace_daemonsets([name for _, name in nodes])
+        self.echo("conversion process completed successfully")
+
+    def ask(self, prompt: str) -> None:
+        if not self.options.force and not self.confirm(f"{prompt} [yes/no]: "):
+            raise Aborted("aborted")
+
+    # -- step 2 --
+
+    async def patch_configs(self, nodes: Sequence[str]) -> None:
+        self.echo("gathering control plane configuration")
+        documents = {node: machine_config.load(await self.env.machine_config(node)) for node in nodes}
+        for node, document in documents.items():
+            if document.model.persist is False:
+                raise PreflightError(
+                    f"node {node} runs with persist: false: a patched config would be lost on "
+                    "reboot; enable persist (or convert by hand, see docs/convert.md)"
+                )
+        key = await self.env.secret_value("kube-system", "kube-controller-manager", "service-account.key")
+        if not key:
+            raise ConvertError(
+                "Secret kube-system/kube-controller-manager has no service-account.key: the service account "
+                "key cannot be recovered; patch /cluster/serviceAccount by hand (docs/convert.md)"
+            )
+        aggregator = next(
+            (
+                doc.model.cluster.aggregator_ca
+                for doc in documents.values()
+                if doc.model.cluster.aggregator_ca is not None and doc.model.cluster.aggregator_ca.key
+            ),
+            None,
+        )
+        if aggregator is not None:
+            self.echo("reusing the aggregator CA an earlier run patched into the machine configs")
+            aggregator_value = {"crt": aggregator.crt, "key": aggregator.key}
+        else:
+            self.echo(
+                "aggregator CA key can't be recovered from bootkube-boostrapped control plane, "
+                "generating new CA"
+            )
+            ca = pki.aggregator_ca()
+            aggregator_value = {
+                "crt": base64.b64encode(ca.cert).decode(),
+                "key": base64.b64encode(ca.key).decode(),
+            }
+        images = {}
+        for component, path in IMAGE_PATHS.items():
+            image = await self.env.daemonset_image(component)
+            if image:
+                images[path] = image
+        for node, document in documents.items():
+            self.echo(f'patching master node "{node}" configuration')
+            patch = [
+                {
+                    "op": "add",
+                    "path": "/cluster/serviceAccount",
+                    "value": {"key": base64.b64encode(key).decode()},
+                },
+                {"op": "add", "path": "/cluster/aggregatorCA", "value": aggregator_value},
+            ]
+            tree = document.to_dict()
+            for path, image in images.items():
+                patch.extend(_set_path(tree, path, image))
+            patched = machine_config.apply_json_patch(document, patch)
+            await self.env.apply_config(node, patched.to_yaml())
+
+    # -- step 3 --
+
+    async def wait_rendered(self, nodes: Sequence[str]) -> None:
+        async def static_pods() -> bool | str:
+            missing = []
+            for node in nodes:
+                ids = set(await self.env.resource_ids(node, "staticpods"))
+                missing += [f"{node}/{c}" for c in COMPONENTS if c not in ids]
+            return True if not missing else f"static pods missing: {missing}"
+
+        async def manifests() -> bool | str:
+            empty = [node for node in nodes if not await self.env.resource_ids(node, "manifests")]
+            return True if not empty else f"no manifests yet on {empty}"
+
+        for what, attempt in (
+            ("static pod definitions to be generated", static_pods),
+            ("manifests to be generated", manifests),
+        ):
+            await wait_until(
+                what,
+                attempt,
+                timeout=self.options.static_pod_timeout,
+                interval=self.options.interval,
+                echo=self.echo,
+                timing=self.timing,
+                key="static pods rendered",
+            )
+
+    # -- step 5 --
+
+    async def disable_checkpointer(self) -> None:
+        self.echo("disabling pod-checkpointer")
+        self.echo(f'deleting daemonset "{CHECKPOINTER}"')
+        await self._retry(lambda: self.env.delete_daemonset(CHECKPOINTER))
+
+        async def checkpointer_gone() -> bool | str:
+            left = [p.name for p in await self.env.system_pods() if _owned_by_daemonset(p, CHECKPOINTER)]
+            return True if not left else f"pod-checkpointer pods still running: {left}"
+
+        await wait_until(
+            "pod-checkpointer pods to terminate",
+            checkpointer_gone,
+            timeout=self.options.component_timeout,
+            interval=self.options.interval,
+            echo=self.echo,
+            timing=self.timing,
+            key="checkpointer pods gone",
+        )
+        self.echo("checking for active pod checkpoints")
+
+        async def no_checkpoints() -> bool | str:
+            active = [p for p in await self.env.system_pods() if CHECKPOINT_OF in p.annotations]
+            if not active:
+                return True
+            if all(p.phase == "Pending" for p in active):
+                for pod in active:
+                    await self.env.force_delete_pod(pod.name)
+            names = sorted(p.name for p in active)
+            return f"found {len(names)} active pod checkpoints: {names}"
+
+        await wait_until(
+            "pod checkpoints to be removed",
+            no_checkpoints,
+            timeout=self.options.checkpoint_timeout,
+            interval=self.options.checkpoint_interval,
+            echo=self.echo,
+            timing=self.timing,
+            key="checkpointer grace",
+        )
+
+    # -- step 7 --
+
+    async def remove_initialized_key(self) -> None:
+        await self._retry(self.env.remove_initialized_key)
+
+    # -- step 8 --
+
+    async def replace_daemonsets(self, node_names: Sequence[str]) -> None:
+        for component in COMPONENTS:
+            await self.wait_static(component, node_names, ready=component != "kube-apiserver")
+        for component in COMPONENTS:
+            self.echo(f'deleting daemonset "{component}"')
+            await self._retry(functools.partial(self.env.delete_daemonset, component))
+            await self.wait_static(component, node_names, ready=True)
+
+    async def wait_static(self, component: str, node_names: Sequence[str], *, ready: bool) -> None:
+        async def present() -> bool | str:
+            pods = await self.env.system_pods()
+            problems = []
+            for node in node_names:
+                mine = [p for p in pods if p.node_name == node and _is_static(p, component)]
+                if not mine:
+                    problems.append(f"{node}: no static pod")
+                elif ready and not any(p.ready for p in mine):
+                    problems.append(f"{node}: not ready ({mine[0].phase})")
+            return True if not problems else f"{component} static pods: {problems}"
+
+        await wait_until(
+            f'static pods for "{component}" to be present in the API server state',
+            present,
+            timeout=self.options.component_timeout,
+            interval=self.options.interval,
+            echo=self.echo,
+            timing=self.timing,
+            key="daemonset hand-over" if ready else "static pods appearing",
+        )
+
+    async def _retry(self, action: Callable[[], Awaitable[Any]]) -> Any:
+        deadline = time.monotonic() + self.options.component_timeout
+        while True:
+            try:
+                return await action()
+            except Exception as exc:
+                if not retryable(exc) or time.monotonic() >= deadline:
+                    raise
+                self.echo(f"retrying error: {exc}")
+                await asyncio.sleep(self.options.interval)
+
+
+def _is_static(pod: Pod, component: str) -> bool:
+    return (
+        pod.labels.get("k8s-app") == component
+        and bool(pod.annotations.get(SECRETS_VERSION))
+        and "Node" in pod.owner_kinds
+        and CHECKPOINT_OF not in pod.annotations
+    )
+
+
+def _owned_by_daemonset(pod: Pod, name: str) -> bool:
+    return "DaemonSet" in pod.owner_kinds and pod.labels.get("k8s-app") == name
+
+
+def _set_path(tree: Mapping[str, Any], path: Sequence[str], value: str) -> list[dict[str, Any]]:
+    """JSON patch ops setting ``path`` to ``value``, creating missing parent mappings."""
+    ops: list[dict[str, Any]] = []
+    node: Any = tree
+    for depth, part in enumerate(path[:-1]):
+        if not isinstance(node, Mapping) or part not in node or node[part] is None:
+            ops.append({"op": "add", "path": "/" + "/".join(path[: depth + 1]), "value": {}})
+            node = {}
+        else:
+            node = node[part]
+    ops.append({"op": "add", "path": "/" + "/".join(path), "value": value})
+    return ops
+
+
+def self_hosted_problems(api_client: Any) -> list[str]:
+    """What keeps a self-hosted control plane from being complete: a control plane or checkpointer
+    DaemonSet not Ready everywhere, or a temporary (non-checkpoint) static control plane pod left."""
+    try:
+        apps, core = k8s_client.AppsV1Api(api_client), k8s_client.CoreV1Api(api_client)
+        listed: list[Any] = apps.list_namespaced_daemon_set("kube-system").items
+        daemonsets = {ds.metadata.name: ds for ds in listed}
+        pods: list[Any] = core.list_namespaced_pod("kube-system").items
+    finally:
+        api_client.close()
+    problems = []
+    for name in (*COMPONENTS, CHECKPOINTER):
+        ds = daemonsets.get(name)
+        if ds is None:
+            problems.append(f"DaemonSet kube-system/{name} does not exist yet")
+        else:
+            desired, ready = ds.status.desired_number_scheduled or 0, ds.status.number_ready or 0
+            if not desired or ready < desired:
+                problems.append(f"DaemonSet kube-system/{name}: {ready}/{desired} ready")
+    for pod in pods:
+        annotations = pod.metadata.annotations or {}
+        if annotations.get(SECRETS_VERSION) and CHECKPOINT_OF not in annotations:
+            problems.append(f"temporary static pod {pod.metadata.name} still runs")
+    return problems

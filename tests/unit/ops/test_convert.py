@@ -1,0 +1,216 @@
+"""convert-k8s steps against a fake cluster: messages, prompts, re-runs and CA reuse."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+from typing import Any
+
+import pytest
+
+from kubeplane import config as machine_config
+from kubeplane.config import generate as gen
+from kubeplane.ops import convert
+from kubeplane.ops.errors import PreflightError
+
+pytestmark = pytest.mark.unit
+
+NODES = [("10.0.0.2", "cp-1"), ("10.0.0.3", "cp-2")]
+
+
+def _config(*, persist: bool = True) -> str:
+    generated = gen.generate(
+        gen.GenOptions(cluster_name="c", endpoint="https://10.0.0.1:6443"), gen.new_secrets()
+    )
+    document = generated.documents["controlplane"]
+    cluster = dict(document["cluster"])
+    cluster.pop("serviceAccount", None)
+    cluster.pop("aggregatorCA", None)
+    return gen.dump_yaml({**document, "cluster": cluster, "persist": persist})
+
+
+@dataclasses.dataclass
+class FakeEnv:
+    """A self-hosted cluster that converts as soon as it is told to."""
+
+    configs: dict[str, str]
+    self_hosted_flag: bool = True
+    daemonsets: set[str] = dataclasses.field(
+        default_factory=lambda: {*convert.COMPONENTS, convert.CHECKPOINTER}
+    )
+    checkpoint_rounds: int = 2
+    applied: list[str] = dataclasses.field(default_factory=list)
+    fail_apply_after: int | None = None
+
+    async def master_nodes(self) -> list[tuple[str, str]]:
+        return NODES
+
+    async def self_hosted(self, node: str) -> bool:
+        return self.self_hosted_flag
+
+    async def secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
+        return b"-----BEGIN EC PRIVATE KEY-----\nabc\n-----END EC PRIVATE KEY-----\n"
+
+    async def daemonset_image(self, name: str) -> str | None:
+        return f"example.org/{name}:v1.20.2" if name in self.daemonsets else None
+
+    async def machine_config(self, node: str) -> str:
+        return self.configs[node]
+
+    async def apply_config(self, node: str, data: str) -> None:
+        if self.fail_apply_after is not None and len(self.applied) >= self.fail_apply_after:
+            raise RuntimeError("simulated kill")
+        self.configs[node] = data
+        self.applied.append(node)
+
+    async def resource_ids(self, node: str, type_name: str) -> list[str]:
+        document = machine_config.load(self.configs[node]).model.cluster
+        if document.aggregator_ca is None:
+            return []
+        return list(convert.COMPONENTS) if type_name == "staticpods" else ["00-manifest"]
+
+    async def delete_daemonset(self, name: str) -> bool:
+        if name not in self.daemonsets:
+            return False
+        self.daemonsets.discard(name)
+        return True
+
+    async def system_pods(self) -> list[convert.Pod]:
+        pods = []
+        if convert.CHECKPOINTER not in self.daemonsets and self.checkpoint_rounds > 0:
+            self.checkpoint_rounds -= 1
+            pods.append(
+                convert.Pod(
+                    name="pod-checkpointer-x-cp-1", phase="Running", annotations={convert.CHECKPOINT_OF: "x"}
+                )
+            )
+        if not self.self_hosted_flag:
+            for _, node in NODES:
+                for component in convert.COMPONENTS:
+                    pods.append(
+                        convert.Pod(
+                            name=f"{component}-{node}",
+                            node_name=node,
+                            phase="Running",
+                            ready=True,
+                            labels={"k8s-app": component},
+                            annotations={convert.SECRETS_VERSION: "1"},
+                            owner_kinds=("Node",),
+                        )
+                    )
+        return pods
+
+    async def force_delete_pod(self, name: str) -> None:
+        raise AssertionError("running checkpoints must not be force-deleted")
+
+    async def remove_initialized_key(self) -> None:
+        self.self_hosted_flag = False
+
+
+def _run(env: FakeEnv, *, answers: list[bool] | None = None, force: bool = True) -> list[str]:
+    lines: list[str] = []
+    asked: list[str] = []
+
+    def confirm(prompt: str) -> bool:
+        asked.append(prompt)
+        return (answers or []).pop(0)
+
+    options = convert.Options(force=force, interval=0, checkpoint_interval=0)
+    converter = convert.Converter(env, options=options, echo=lines.append, confirm=confirm)
+    try:
+        asyncio.run(converter.run())
+    finally:
+        lines.extend(asked)
+    return lines
+
+
+def test_force_runs_every_step_with_the_guides_messages() -> None:
+    env = FakeEnv(configs={ip: _config() for ip, _ in NODES})
+    lines = _run(env)
+    text = "\n".join(lines)
+    assert lines[0] == 'discovered master nodes ["10.0.0.2" "10.0.0.3"]'
+    for expected in (
+        "current self-hosted status: true",
+        "gathering control plane configuration",
+        "aggregator CA key can't be recovered",
+        'patching master node "10.0.0.3" configuration',
+        "waiting for static pod definitions to be generated",
+        "waiting for manifests to be generated",
+        'deleting daemonset "pod-checkpointer"',
+        "retrying error: found 1 active pod checkpoints: ['pod-checkpointer-x-cp-1']",
+        "removing self-hosted initialized key",
+        'deleting daemonset "kube-scheduler"',
+    ):
+        assert expected in text
+    assert lines[-1] == "conversion process completed successfully"
+    assert env.daemonsets == set()
+    configs = [machine_config.load(c).model.cluster for c in env.configs.values()]
+    assert all(c.api_server_image == "example.org/kube-apiserver:v1.20.2" for c in configs)
+    # Every node gets the same aggregator CA (one minted for the whole run).
+    assert len({c.aggregator_ca.crt for c in configs if c.aggregator_ca}) == 1
+
+
+def test_no_at_first_prompt_changes_nothing_after_the_patch() -> None:
+    env = FakeEnv(configs={ip: _config() for ip, _ in NODES})
+    with pytest.raises(convert.Aborted):
+        _run(env, answers=[False], force=False)
+    assert convert.CHECKPOINTER in env.daemonsets and env.self_hosted_flag
+
+
+def test_no_at_second_prompt_keeps_self_hosted() -> None:
+    env = FakeEnv(configs={ip: _config() for ip, _ in NODES})
+    with pytest.raises(convert.Aborted):
+        _run(env, answers=[True, False], force=False)
+    assert env.self_hosted_flag and set(convert.COMPONENTS) <= env.daemonsets
+
+
+def test_rerun_after_partial_patch_reuses_the_aggregator_ca() -> None:
+    env = FakeEnv(configs={ip: _config() for ip, _ in NODES}, fail_apply_after=1)
+    with pytest.raises(RuntimeError):
+        _run(env)
+    first = machine_config.load(env.configs["10.0.0.2"]).model.cluster.aggregator_ca
+    assert first is not None
+    env.fail_apply_after = None
+    lines = _run(env)
+    assert "reusing the aggregator CA an earlier run patched into the machine configs" in lines
+    for text in env.configs.values():
+        ca = machine_config.load(text).model.cluster.aggregator_ca
+        assert ca is not None and ca.crt == first.crt
+
+
+def test_rerun_after_key_removal_skips_to_daemonset_replacement() -> None:
+    env = FakeEnv(configs={ip: _config() for ip, _ in NODES}, self_hosted_flag=False)
+    env.daemonsets.discard("kube-apiserver")
+    lines = _run(env)
+    assert "current self-hosted status: false" in lines
+    assert "gathering control plane configuration" not in lines
+    assert lines[-1] == "conversion process completed successfully"
+
+
+def test_refuses_persist_false() -> None:
+    env = FakeEnv(configs={ip: _config(persist=False) for ip, _ in NODES})
+    with pytest.raises(PreflightError, match="persist: false"):
+        _run(env)
+    assert env.applied == []
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (ConnectionRefusedError("refused"), True),
+        (type("E", (Exception,), {"status": 503})("x"), True),
+        (EOFError(), True),
+        (type("E", (Exception,), {"status": 404})("not found"), False),
+        (ValueError("bad"), False),
+    ],
+)
+def test_retryable(error: BaseException, expected: bool) -> None:
+    assert convert.retryable(error) is expected
+
+
+def test_decoded_service_account_key_is_patched() -> None:
+    env = FakeEnv(configs={ip: _config() for ip, _ in NODES})
+    _run(env)
+    sa: Any = machine_config.load(env.configs["10.0.0.2"]).model.cluster.service_account
+    assert base64.b64decode(sa.key).startswith(b"-----BEGIN EC PRIVATE KEY-----")
