@@ -40,12 +40,11 @@ from typing import Any
 
 import httpx
 import yaml
-from kubernetes import client as k8s
 
 from kubeplane import config, pki, resources
 from kubeplane.agent.etcd import EtcdMember
-from kubeplane.clients import kube
 from kubeplane.config.paths import NodePaths
+from kubeplane.controllers.k8s import kube_rest
 from kubeplane.resources import catalog
 from kubeplane.services import cni, containerd, kubelet, process, supervisor
 
@@ -556,26 +555,25 @@ class NodeServices:
     async def _label_node(self) -> None:
         """Add the control plane role labels once the node registered (kubelet may not self-label)."""
         patch = {"metadata": {"labels": dict.fromkeys(CONTROL_PLANE_LABELS, "")}}
+        path = f"/api/v1/nodes/{self.name}"
         while True:
             try:
-                if await asyncio.to_thread(self._patch_labels, patch):
-                    log.info("labelled node %s as a control plane node", self.name)
-                    return
+                async with kube_rest.KubeRest(self.admin_kubeconfig(), timeout=5.0) as rest:
+                    node = await rest.request("GET", path)
+                    if node.status_code == 200:
+                        labels = node.json().get("metadata", {}).get("labels") or {}
+                        if all(label in labels for label in CONTROL_PLANE_LABELS):
+                            return
+                        patched = await rest.request(
+                            "PATCH", path, body=json.dumps(patch), content_type="application/merge-patch+json"
+                        )
+                        if patched.status_code == 200:
+                            log.info("labelled node %s as a control plane node", self.name)
+                            return
+                        log.debug("labelling node %s: %s", self.name, kube_rest.error_message(patched))
             except Exception as exc:
                 log.debug("labelling node %s: %s", self.name, exc)
             await asyncio.sleep(5.0)
-
-    def _patch_labels(self, patch: dict[str, Any]) -> bool:
-        api = k8s.CoreV1Api(kube.api_client(self.admin_kubeconfig()))
-        try:
-            node = api.read_node(self.name, _request_timeout=5)
-            labels = (node.metadata.labels if node.metadata else None) or {}
-            if all(label in labels for label in CONTROL_PLANE_LABELS):
-                return True
-            api.patch_node(self.name, patch, _request_timeout=5)
-            return True
-        finally:
-            api.api_client.close()
 
 
 def _write_secret(path: Path, data: bytes) -> str:
