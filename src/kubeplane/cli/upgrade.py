@@ -5,8 +5,9 @@ implements them:
 
 - node API: one :class:`~kubeplane.api.NodeClient` per node, each forwarding through the client
   config's endpoints (``-n`` of the global options selects the control plane nodes instead of
-  discovering them). Pre-pulling uses the node API's ``ImagePull`` call when the API has one; until
-  then the plan says so and the kubelet pulls images when the new pods start;
+  discovering them). Pre-pulling uses the node API's ``ImagePull`` call (the agent pulls through
+  the node's registry mirrors); the check for the call stays so that a node API without it only
+  drops the pre-pull steps (the plan says so and the kubelet pulls when the new pods start);
 - Kubernetes API: the official client from the cluster's admin kubeconfig (``--kubeconfig``, or
   asked from a node with the ``Kubeconfig`` call), ``--endpoint`` replacing its server URL; the
   client is blocking, so every call runs in a thread with a request timeout;
@@ -479,6 +480,11 @@ def upgrade_k8s(
     kube-controller-manager, kube-scheduler, the kube-proxy DaemonSet, optionally kubelets. Each
     step patches the node's machine config image (keeping its registry) and waits for the new pod
     to be Ready. Safe to re-run: steps already at the target are skipped.
+
+    The target images are pulled on every node first, through its registry mirrors; a version
+    whose images cannot be pulled fails there, before any change. A local cluster's registry holds
+    every complete toolchain build cached when the cluster was created: build the target first
+    (`kubeplane toolchain build --version V`), then `cluster create`.
     """
     obj = connect.options()
     target = connect.resolve(obj)

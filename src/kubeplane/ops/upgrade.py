@@ -530,10 +530,18 @@ class Upgrader:
         self._nodes = {node.address: node for node in known}
 
     async def run(self, plan: plan_module.Plan, *, resume: str) -> list[plan_module.StepResult]:
-        """Execute ``plan``; raises :class:`~kubeplane.ops.plan.StepFailed` naming the step and ``resume``."""
-        return await plan_module.execute(
-            plan, self.run_step, progress=self.progress, resume=resume, clock=self._clock
-        )
+        """Execute ``plan``; raises :class:`~kubeplane.ops.plan.StepFailed` naming the step and ``resume``.
+
+        A failed pre-pull raises its :class:`PreflightError` instead: nothing was changed yet.
+        """
+        try:
+            return await plan_module.execute(
+                plan, self.run_step, progress=self.progress, resume=resume, clock=self._clock
+            )
+        except plan_module.StepFailed as failed:
+            if isinstance(failed.cause, PreflightError):
+                raise failed.cause from failed
+            raise
 
     async def run_step(self, step: plan_module.Step) -> plan_module.Outcome:
         """One step, by kind."""
@@ -625,9 +633,18 @@ class Upgrader:
     # -- steps --
 
     async def _pull(self, step: plan_module.Step) -> plan_module.Outcome:
-        fetched = [
-            image for image in step.target.split(",") if await self.node_api.pull_image(step.node, image)
-        ]
+        fetched = []
+        for image in step.target.split(","):
+            try:
+                if await self.node_api.pull_image(step.node, image):
+                    fetched.append(image)
+            except Exception as exc:
+                # Pre-pulls come before the first change, so this failure is still a preflight one.
+                raise PreflightError(
+                    f"nothing was changed: image {image} cannot be pulled on node {step.node}: {exc}\n"
+                    f"check that {self.observed.target} is a version whose images the node's registry "
+                    "(or its mirrors) holds, then re-run"
+                ) from exc
         if fetched:
             self.progress.info(f"pulled {', '.join(fetched)} on node {step.node}")
         return plan_module.CHANGED if fetched else plan_module.SKIPPED

@@ -226,11 +226,14 @@ def test_bad_image_fails_at_pre_pull_before_any_change(generated: Mapping[str, A
         )
         await upgrader.run(upgrade.build_plan(observed), resume=RESUME)
 
-    with pytest.raises(
-        plan_module.StepFailed, match=r"pre-pull images on node 10\.5\.0\.2: pull .*v9\.9\.9: not found"
-    ):
+    with pytest.raises(upgrade.PreflightError) as raised:
         asyncio.run(scenario())
+    message = str(raised.value)
+    assert message.startswith("nothing was changed: image k8s.gcr.io/kube-apiserver:v9.9.9 cannot be pulled")
+    assert "on node 10.5.0.2: pull k8s.gcr.io/kube-apiserver:v9.9.9: not found" in message
+    assert "v9.9.9 is a version whose images" in message
     assert cluster.patches() == []
+    assert cluster.drained == set()
 
 
 def test_kubelets_and_manifests_when_asked(generated: Mapping[str, Any]) -> None:
