@@ -25,7 +25,15 @@ pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
 SENSITIVE = {"RootSecrets", "rs", "MachineConfigs", "mc"}
-MUTATIONS = {"apply_configuration", "service_control", "reboot"}
+MUTATIONS = {
+    "apply_configuration",
+    "service_control",
+    "reboot",
+    "bootstrap",
+    "etcd_leave",
+    "etcd_forfeit_leadership",
+    "image_pull",
+}
 
 
 def run(coro: Awaitable[T]) -> T:
@@ -132,6 +140,49 @@ class FakeNode:
     async def reboot(self) -> dict[str, Any]:
         self._record("reboot")
         return {"message": "rebooting"}
+
+    async def bootstrap(
+        self,
+        *,
+        snapshot: str | None,
+        self_hosted: bool = False,
+        checkpointer_image: str | None = None,
+        checkpointer_grace_period: int | None = None,
+    ) -> dict[str, Any]:
+        self._record("bootstrap")
+        return {"message": "bootstrapped"}
+
+    async def etcd_members(self) -> list[dict[str, Any]]:
+        self._record("etcd_members")
+        return [{"id": "1", "name": self.name}]
+
+    async def etcd_leave(self, *, force: bool) -> dict[str, Any]:
+        self._record("etcd_leave")
+        return {"message": "left"}
+
+    async def etcd_forfeit_leadership(self) -> dict[str, Any]:
+        self._record("etcd_forfeit_leadership")
+        return {"message": "not the leader"}
+
+    async def etcd_snapshot(self) -> AsyncIterator[bytes]:
+        self._record("etcd_snapshot")
+        yield b"snapshot"
+
+    async def kubeconfig(self) -> dict[str, Any]:
+        self._record("kubeconfig")
+        return {"kubeconfig": "apiVersion: v1\n"}
+
+    async def image_pull(self, *, image: str) -> dict[str, Any]:
+        self._record("image_pull")
+        return {"image": image, "pulled": True}
+
+    async def containers(self) -> list[dict[str, Any]]:
+        self._record("containers")
+        return [{"namespace": "kube-system", "pod": "p", "name": "c"}]
+
+    async def container_logs(self, *, id: str, tail: int | None, follow: bool) -> AsyncIterator[str]:
+        self._record("container_logs")
+        yield f"{id} line"
 
 
 @dataclass(frozen=True)
@@ -242,6 +293,15 @@ async def every_call(c: api.NodeClient) -> dict[str, Callable[[], Awaitable[Any]
         "ServiceStop": lambda: c.service_stop("etcd"),
         "ServiceRestart": lambda: c.service_restart("etcd"),
         "Reboot": c.reboot,
+        "Bootstrap": c.bootstrap,
+        "EtcdMembers": c.etcd_members,
+        "EtcdLeave": c.etcd_leave,
+        "EtcdForfeitLeadership": c.etcd_forfeit_leadership,
+        "EtcdSnapshot": lambda: collect(c.etcd_snapshot()),
+        "Kubeconfig": c.kubeconfig,
+        "ImagePull": lambda: c.image_pull("k8s.gcr.io/pause:3.2"),
+        "Containers": c.containers,
+        "ContainerLogs": lambda: collect(c.container_logs("kube-system/p:c")),
     }
 
 
