@@ -151,7 +151,7 @@ def test_control_plane_node_services_bootstrap_and_restarts(
         lambda: _healthy(agent.services().get("containerd")), timeout=60, what="containerd healthy", logs=logs
     )
     wait_until(
-        lambda: _healthy(agent.services().get("kubelet")), timeout=120, what="kubelet healthy", logs=logs
+        lambda: _healthy(agent.services().get("kubelet")), timeout=240, what="kubelet healthy", logs=logs
     )
     etcd = agent.services()["etcd"]
     assert not _healthy(etcd)
