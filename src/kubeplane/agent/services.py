@@ -448,6 +448,10 @@ class NodeServices:
         cluster = model.cluster
         extra: dict[str, str] = {
             "read-only-port": str(READ_ONLY_PORT),
+            # The API server refuses mirror pods until the bootstrap manifests' PodSecurityPolicy
+            # exists, and the kubelet retries a missing mirror pod only on a pod resync (default
+            # every minute): a shorter resync makes the static pods visible ~1 min sooner.
+            "sync-frequency": "10s",
             "network-plugin": "cni",
             "cni-conf-dir": str(self.paths.cni_conf),
             "cni-bin-dir": containerd.DEFAULT_CNI_BIN_DIR,
