@@ -94,6 +94,17 @@ async def ctr(socket: Path, *args: str, timeout: float = 120.0) -> str:
     return result.stdout
 
 
+def pod_network_namespaces(info: dict[str, Any]) -> set[str]:
+    """Names of the named network namespaces (``/run/netns/NAME``) a container's spec joins."""
+    namespaces = (info.get("Spec") or {}).get("linux", {}).get("namespaces", [])
+    found = set()
+    for namespace in namespaces:
+        path = str(namespace.get("path") or "")
+        if namespace.get("type") == "network" and path.startswith(("/var/run/netns/", "/run/netns/")):
+            found.add(path.rsplit("/", 1)[1])
+    return found
+
+
 def split_reference(image: str) -> tuple[str, str]:
     """``(registry host, repository path with tag)`` of an image reference, Docker's way.
 
@@ -302,11 +313,21 @@ class NodeServices:
 
     async def _kill_containers(self) -> None:
         socket = self.paths.containerd_socket
+        pod_netns = set()
+        for container in (await ctr(socket, "containers", "ls", "-q")).split():
+            with contextlib.suppress(RuntimeError, ValueError):
+                pod_netns |= pod_network_namespaces(
+                    json.loads(await ctr(socket, "containers", "info", container))
+                )
         for task in (await ctr(socket, "tasks", "ls", "-q")).split():
             with contextlib.suppress(RuntimeError):
                 await ctr(socket, "tasks", "kill", "-a", "-s", "SIGKILL", task)
             with contextlib.suppress(RuntimeError):
                 await ctr(socket, "tasks", "delete", "-f", task)
+        # The CNI plugin made a named network namespace per pod sandbox; without the kubelet's
+        # StopPodSandbox nobody else removes them.
+        for name in sorted(pod_netns):
+            subprocess.run(["ip", "netns", "delete", name], check=False, capture_output=True)
 
     def _sweep(self) -> None:
         # Shims run in their own sessions, outside containerd's process group; their command line

@@ -20,6 +20,8 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from kubeplane.config.paths import NodePaths
+
 #: The pause image kubelet v1.20 expects by default.
 DEFAULT_SANDBOX_IMAGE = "k8s.gcr.io/pause:3.2"
 #: Where Debian's containernetworking-plugins puts the CNI plugins.
@@ -41,13 +43,14 @@ class ContainerdPaths:
 
     @classmethod
     def under(cls, node_root: Path) -> ContainerdPaths:
+        node = NodePaths(node_root)
         return cls(
-            config=node_root / "etc/containerd/config.toml",
-            socket=node_root / "run/containerd/containerd.sock",
-            root=node_root / "var/lib/containerd",
-            state=node_root / "run/containerd",
-            opt=node_root / "opt/containerd",
-            cni_conf_dir=node_root / "etc/cni/net.d",
+            config=node.containerd_config,
+            socket=node.containerd_socket,
+            root=node.containerd_root,
+            state=node.containerd_state,
+            opt=node.root / "opt/containerd",
+            cni_conf_dir=node.cni_conf,
         )
 
 

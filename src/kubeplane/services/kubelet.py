@@ -17,6 +17,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from kubeplane.config.paths import NodePaths
+
 
 @dataclasses.dataclass(frozen=True)
 class KubeletPaths:
@@ -31,13 +33,14 @@ class KubeletPaths:
 
     @classmethod
     def under(cls, node_root: Path) -> KubeletPaths:
+        node = NodePaths(node_root)
         return cls(
-            root_dir=node_root / "var/lib/kubelet",
-            cert_dir=node_root / "var/lib/kubelet/pki",
-            pod_manifest_path=node_root / "etc/kubernetes/manifests",
-            kubeconfig=node_root / "etc/kubernetes/kubelet.conf",
-            bootstrap_kubeconfig=node_root / "etc/kubernetes/bootstrap-kubelet.conf",
-            volume_plugin_dir=node_root / "usr/libexec/kubernetes/kubelet-plugins/volume/exec",
+            root_dir=node.kubelet_root,
+            cert_dir=node.kubelet_root / "pki",
+            pod_manifest_path=node.kubelet_manifests,
+            kubeconfig=node.kubernetes_etc / "kubelet.conf",
+            bootstrap_kubeconfig=node.kubernetes_etc / "bootstrap-kubelet.conf",
+            volume_plugin_dir=node.root / "usr/libexec/kubernetes/kubelet-plugins/volume/exec",
         )
 
 

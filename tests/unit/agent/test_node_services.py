@@ -153,3 +153,22 @@ def test_container_ids_and_cri_log_lines(tmp_path: Path) -> None:
         containers.log_file("kube-system/other:x", pod_logs=tmp_path)
     assert containers.cri_message("2021-01-01T00:00:00Z stderr F hello world") == "hello world"
     assert containers.cri_message("plain line") == "plain line"
+
+
+def test_pod_network_namespaces_are_read_from_the_container_spec() -> None:
+    info = {
+        "Spec": {
+            "linux": {
+                "namespaces": [
+                    {"type": "pid"},
+                    {"type": "network", "path": "/var/run/netns/cni-1234"},
+                    {"type": "ipc", "path": "/proc/1/ns/ipc"},
+                ]
+            }
+        }
+    }
+    assert agent_services.pod_network_namespaces(info) == {"cni-1234"}
+    # hostNetwork sandboxes join no named namespace; a process namespace path is not one either.
+    host = {"Spec": {"linux": {"namespaces": [{"type": "network", "path": "/proc/42/ns/net"}]}}}
+    assert agent_services.pod_network_namespaces(host) == set()
+    assert agent_services.pod_network_namespaces({}) == set()
