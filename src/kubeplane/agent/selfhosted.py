@@ -178,11 +178,6 @@ class SelfHostedBootstrap:
             per_component[component] = static_pod_mod.component_inputs(
                 kcpc.spec.to_dict(), config_version="", secrets_version="", secrets_root=secrets_root
             )
-        inputs = dataclasses.replace(
-            per_component[files.APISERVER],
-            controller_manager=per_component[files.CONTROLLER_MANAGER].controller_manager,
-            scheduler=per_component[files.SCHEDULER].scheduler,
-        )
         secret_files = {
             component: {
                 file.name: (PurePosixPath(self.paths.root) / secrets_root / component / file.name).as_posix()
@@ -196,8 +191,10 @@ class SelfHostedBootstrap:
         }
         return selfhosted.render_self_hosted(
             selfhosted.SelfHostedInputs(
-                control_plane=inputs,
+                control_plane=per_component[files.APISERVER],
                 checkpointer_image=self.options.checkpointer_image,
+                # Each component from its own config, as its static pod would be.
+                components=per_component,
                 node_root=node_root_pattern(self.paths, self.node_name),
                 grace_period_seconds=self.options.grace_period_seconds,
             ),

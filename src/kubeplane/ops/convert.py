@@ -14,7 +14,9 @@ Follows REFERENCE.md §4 step by step with the original's messages:
    (``retrying error: found N active pod checkpoints: [...]``); all-Pending ones are force-deleted;
 6. prompt ``confirm applying static pod definitions and manifests``;
 7. remove the etcd ``initialized`` key;
-8. per component: wait for its static (mirror) pods, delete its DaemonSet, wait for them Ready.
+8. wait for the static (mirror) pods of all three, then per component: delete its DaemonSet and
+   its pods (not left to the garbage collector, see :meth:`Converter.remove_daemonset_pods`),
+   wait for the static pods Ready.
 
 Re-runnable at every point: when the cluster is no longer self-hosted it goes straight to step 8,
 which tolerates DaemonSets already gone. Every wait prints what it waits for; :class:`ConvertError`
@@ -129,7 +131,9 @@ class Options:
     checkpoint_interval: float = 5.0
     static_pod_timeout: float = 180.0
     checkpoint_timeout: float = 420.0
-    component_timeout: float = 300.0
+    #: Above the kubelet's 5 min crash back-off cap: a static pod that crash-looped on the ports
+    #: of its DaemonSet pod restarts only when its back-off ends.
+    component_timeout: float = 420.0
 
 
 Confirm = Callable[[str], bool]
@@ -371,12 +375,44 @@ class Converter:
     # -- step 8 --
 
     async def replace_daemonsets(self, node_names: Sequence[str]) -> None:
+        # Presence only: every DaemonSet pod holds its component's host ports (6443, 10257,
+        # 10259), so a static pod can only be Ready between two crashes until its DaemonSet pod
+        # goes, and each crash lengthens the kubelet's back-off, i.e. the API outage at hand-over.
         for component in COMPONENTS:
-            await self.wait_static(component, node_names, ready=component != "kube-apiserver")
+            await self.wait_static(component, node_names, ready=False)
         for component in COMPONENTS:
             self.echo(f'deleting daemonset "{component}"')
             await self._retry(functools.partial(self.env.delete_daemonset, component))
+            await self.remove_daemonset_pods(component)
             await self.wait_static(component, node_names, ready=True)
+
+    async def remove_daemonset_pods(self, component: str) -> None:
+        """Delete the pods of a deleted DaemonSet and wait until they are gone.
+
+        Left to the garbage collector they may outlive the conversion: the collector runs in
+        kube-controller-manager, itself one of the pods being replaced, and every DaemonSet pod
+        that stays holds its host ports, so the static pod that replaces it crash-loops.
+        """
+
+        async def gone() -> bool | str:
+            left = [p for p in await self.env.system_pods() if _owned_by_daemonset(p, component)]
+            for pod in left:
+                await self.env.force_delete_pod(pod.name)
+            return (
+                True
+                if not left
+                else f"daemonset {component} pods still there: {sorted(p.name for p in left)}"
+            )
+
+        await wait_until(
+            f'pods of daemonset "{component}" to terminate',
+            gone,
+            timeout=self.options.component_timeout,
+            interval=self.options.interval,
+            echo=self.echo,
+            timing=self.timing,
+            key="daemonset hand-over",
+        )
 
     async def wait_static(self, component: str, node_names: Sequence[str], *, ready: bool) -> None:
         async def present() -> bool | str:

@@ -93,6 +93,22 @@ def test_flags_are_the_static_pod_flags_except_node_specific_ones(
         assert env == [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
 
 
+def test_each_daemonset_renders_from_its_own_component_inputs(
+    inputs: selfhosted.SelfHostedInputs,
+) -> None:
+    # As on a node: only the controller manager's config carries the pod CIDRs. Rendered from the
+    # API server's inputs it got `--cluster-cidr=` and crash-looped ("failed to parse cidr value").
+    own = dataclasses.replace(inputs.control_plane, pod_cidrs=("10.244.0.0/16",))
+    bare = dataclasses.replace(inputs.control_plane, pod_cidrs=())
+    split = dataclasses.replace(inputs, control_plane=bare, components={files.CONTROLLER_MANAGER: own})
+    flags = _flags(selfhosted.render_daemonset(files.CONTROLLER_MANAGER, split))
+    assert flags["cluster-cidr"] == "10.244.0.0/16"
+    # The others fall back to control_plane.
+    assert _flags(selfhosted.render_daemonset(files.SCHEDULER, split)) == _flags(
+        selfhosted.render_daemonset(files.SCHEDULER, dataclasses.replace(inputs, control_plane=bare))
+    )
+
+
 def test_user_audit_log_path_wins_and_keeps_its_volume(inputs: selfhosted.SelfHostedInputs) -> None:
     own = dataclasses.replace(inputs.control_plane.apiserver, extra_args={"audit-log-path": "/var/log/a.log"})
     changed = dataclasses.replace(

@@ -42,6 +42,9 @@ class FakeEnv:
     checkpoint_rounds: int = 2
     applied: list[str] = dataclasses.field(default_factory=list)
     fail_apply_after: int | None = None
+    #: DaemonSet pod name → component: pods no garbage collector removes with their DaemonSet.
+    daemonset_pods: dict[str, str] = dataclasses.field(default_factory=dict)
+    deleted_pods: list[str] = dataclasses.field(default_factory=list)
 
     async def master_nodes(self) -> list[tuple[str, str]]:
         return NODES
@@ -85,6 +88,17 @@ class FakeEnv:
                     name="pod-checkpointer-x-cp-1", phase="Running", annotations={convert.CHECKPOINT_OF: "x"}
                 )
             )
+        for name, component in self.daemonset_pods.items():
+            pods.append(
+                convert.Pod(
+                    name=name,
+                    node_name="cp-1",
+                    phase="Running",
+                    ready=True,
+                    labels={"k8s-app": component},
+                    owner_kinds=("DaemonSet",),
+                )
+            )
         if not self.self_hosted_flag:
             for _, node in NODES:
                 for component in convert.COMPONENTS:
@@ -102,7 +116,10 @@ class FakeEnv:
         return pods
 
     async def force_delete_pod(self, name: str) -> None:
-        raise AssertionError("running checkpoints must not be force-deleted")
+        component = self.daemonset_pods.pop(name, None)
+        assert component is not None, "running checkpoints must not be force-deleted"
+        assert component not in self.daemonsets, f"{name} deleted while its DaemonSet still exists"
+        self.deleted_pods.append(name)
 
     async def remove_initialized_key(self) -> None:
         self.self_hosted_flag = False
@@ -214,3 +231,14 @@ def test_decoded_service_account_key_is_patched() -> None:
     _run(env)
     sa: Any = machine_config.load(env.configs["10.0.0.2"]).model.cluster.service_account
     assert base64.b64decode(sa.key).startswith(b"-----BEGIN EC PRIVATE KEY-----")
+
+
+def test_pods_of_deleted_daemonsets_are_deleted_not_left_to_the_garbage_collector() -> None:
+    # On a real cluster they survived: the collector runs in the controller manager being replaced,
+    # and a surviving pod holds its host ports, so the static pod replacing it crash-loops.
+    pods = {f"{component}-abcde": component for component in convert.COMPONENTS}
+    env = FakeEnv(configs={ip: _config() for ip, _ in NODES}, daemonset_pods=dict(pods))
+    lines = _run(env)
+    assert env.deleted_pods == list(pods)
+    assert 'waiting for pods of daemonset "kube-controller-manager" to terminate' in lines
+    assert lines[-1] == "conversion process completed successfully"

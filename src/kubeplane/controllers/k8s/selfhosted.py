@@ -77,10 +77,14 @@ class SelfHostedInputs:
 
     `node_root`: the node root directory on the host, absolute, optionally with ``$(NODE_NAME)``
     (``/`` on a real machine); `manifest_dir` and `state_dir` are relative to it.
+    `components`: per-component inputs where they differ from `control_plane` — the node keeps
+    one config per component, and only the controller manager's carries the pod CIDRs (render
+    a DaemonSet from another component's inputs and ``--cluster-cidr`` comes out empty).
     """
 
     control_plane: render.ControlPlaneInputs
     checkpointer_image: str
+    components: Mapping[str, render.ControlPlaneInputs] = dataclasses.field(default_factory=dict)
     node_root: str = "/"
     manifest_dir: PurePosixPath = DEFAULT_MANIFEST_DIR
     state_dir: PurePosixPath = DEFAULT_STATE_DIR
@@ -138,7 +142,8 @@ def render_daemonset(component: str, inputs: SelfHostedInputs) -> dict[str, Any]
         raise RenderError(
             f"unknown control plane component {component!r}: expected one of {files.COMPONENTS}"
         )
-    cp = dataclasses.replace(inputs.control_plane, advertise_address="$(POD_IP)")
+    own_inputs = inputs.components.get(component, inputs.control_plane)
+    cp = dataclasses.replace(own_inputs, advertise_address="$(POD_IP)")
     if component == files.APISERVER:
         # Defaults first so a user's extraArgs audit-log-path still wins.
         own = cp.apiserver

@@ -1,0 +1,341 @@
+"""e2e: ``kubeplane convert-k8s`` on a real self-hosted cluster (``cluster_selfhosted`` fixture).
+
+One self-hosted cluster (1 control plane + 1 worker: a 3+1 self-hosted bootstrap plus three
+static pod hand-overs does not fit the CI budget next to the other e2e modules) serves the whole
+module, so the tests run in order and each starts where the previous one left the cluster:
+
+1. the cluster is self-hosted and healthy, and a workload is created on the worker;
+2. an interactive run through a pseudo-terminal answered ``no`` at the first prompt aborts and
+   leaves the control plane self-hosted and healthy;
+3. ``convert-k8s --force`` SIGKILLed at each phase (after the config patch, after the
+   checkpointer deletion, after the key removal, between two DaemonSet deletions), then re-run
+   to completion, while a client polls the API through the endpoint (failed requests and the
+   longest gap between successful ones are printed: the API server changes hands, so some
+   requests fail, as with the reference);
+4. the final state: not self-hosted, the static pods Ready, DaemonSets and checkpoints gone, the
+   workload still running the same pod, ``health`` passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+if TYPE_CHECKING:
+    from conftest import E2ECluster
+
+pytestmark = pytest.mark.e2e
+
+KUBEPLANE = str(Path(sys.executable).with_name("kubeplane"))
+
+COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+DAEMONSETS = (*COMPONENTS, "pod-checkpointer")
+CHECKPOINT_OF = "checkpointer.alpha.coreos.com/checkpoint-of"
+SECRETS_VERSION = "kubeplane.dev/secrets-version"
+WORKLOAD = "pause-before-conversion"
+RUN_TIMEOUT = 900
+FIRST_PROMPT = "confirm disabling pod-checkpointer to proceed with control plane update [yes/no]:"
+
+#: Output lines after which a run is SIGKILLed, in the order the conversion reaches them.
+KILL_POINTS = {
+    "after config patch": "waiting for static pod definitions to be generated",
+    "after checkpointer deletion": "waiting for pod-checkpointer pods to terminate",
+    "after key removal": 'waiting for static pods for "kube-apiserver"',
+    "between DaemonSet deletions": 'deleting daemonset "kube-scheduler"',
+}
+
+
+def api_client(kubeconfig: Path, *, retries: bool = True) -> Any:
+    configuration = k8s_client.Configuration()
+    k8s_config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
+        yaml.safe_load(kubeconfig.read_text()), client_configuration=configuration, persist_config=False
+    )
+    if not retries:
+        configuration.retries = False
+    return k8s_client.ApiClient(configuration)
+
+
+def apis(cluster: E2ECluster) -> tuple[Any, Any]:
+    """(CoreV1Api, AppsV1Api) of the cluster, with retries."""
+    client = api_client(cluster.kubeconfig)
+    return k8s_client.CoreV1Api(client), k8s_client.AppsV1Api(client)
+
+
+class ApiPoller:
+    """Lists kube-system pods through the endpoint every ``interval`` s in a thread; records the
+    failed requests and the longest time without a successful one."""
+
+    def __init__(self, kubeconfig: Path, *, interval: float = 0.2) -> None:
+        self._core = k8s_client.CoreV1Api(api_client(kubeconfig, retries=False))
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="api-poller", daemon=True)
+        self.requests = 0
+        self.failures: list[str] = []
+        self.longest_gap = 0.0
+
+    def _loop(self) -> None:
+        last_ok = time.monotonic()
+        while not self._stop.is_set():
+            self.requests += 1
+            try:
+                self._core.list_namespaced_pod("kube-system", _request_timeout=5)
+                last_ok = time.monotonic()
+            except Exception as exc:
+                self.failures.append(f"{time.strftime('%H:%M:%S')} {type(exc).__name__}: {str(exc)[:160]}")
+            self.longest_gap = max(self.longest_gap, time.monotonic() - last_ok)
+            self._stop.wait(self._interval)
+
+    def __enter__(self) -> ApiPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+@dataclasses.dataclass
+class Run:
+    lines: list[str]
+    returncode: int
+    killed: bool
+    seconds: float
+
+
+def run_cli(env: Mapping[str, str], *args: str, kill_after: str | None = None) -> Run:
+    """Run ``kubeplane ARGS``; SIGKILL it as soon as a line starts with ``kill_after``."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [KUBEPLANE, *args],
+        # Unbuffered: each line arrives as it is printed, so the kill lands at its point.
+        env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    killed = False
+    timer = threading.Timer(RUN_TIMEOUT, process.kill)
+    timer.start()
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line.rstrip("\n"))
+            print(f"  | {lines[-1]}")
+            if kill_after is not None and not killed and line.startswith(kill_after):
+                process.send_signal(signal.SIGKILL)
+                killed = True
+        process.wait()
+    finally:
+        timer.cancel()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return Run(lines=lines, returncode=process.returncode, killed=killed, seconds=time.monotonic() - started)
+
+
+def convert_args(cluster: E2ECluster, *extra: str) -> tuple[str, ...]:
+    return ("-n", cluster.control_plane[0], "convert-k8s", "--endpoint", cluster.endpoint, *extra)
+
+
+def self_hosted(cluster: E2ECluster) -> bool:
+    result = cluster.cli("-n", cluster.control_plane[0], "get", "bs", "-o", "json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return bool(json.loads(result.stdout.splitlines()[0])["spec"]["selfHostedControlPlane"])
+
+
+def self_hosted_problems(cluster: E2ECluster) -> list[str]:
+    """Why the self-hosted control plane is not healthy: a DaemonSet not Ready everywhere, or a
+    static (non-checkpoint) control plane pod, which the agents must not write in this mode."""
+    core, apps = apis(cluster)
+    problems = []
+    daemonsets = {ds.metadata.name: ds for ds in apps.list_namespaced_daemon_set("kube-system").items}
+    for name in DAEMONSETS:
+        ds = daemonsets.get(name)
+        desired = ds.status.desired_number_scheduled if ds else 0
+        ready = ds.status.number_ready if ds else 0
+        if not desired or ready < desired:
+            problems.append(f"DaemonSet {name}: {ready}/{desired} ready")
+    for pod in core.list_namespaced_pod("kube-system").items:
+        annotations = pod.metadata.annotations or {}
+        if annotations.get(SECRETS_VERSION) and CHECKPOINT_OF not in annotations:
+            problems.append(f"static pod {pod.metadata.name}")
+    return problems
+
+
+def wait_for(what: str, check: Callable[[], list[str]], *, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while problems := check():
+        assert time.monotonic() < deadline, f"{what}: {problems}"
+        time.sleep(3)
+
+
+def workload_pods(cluster: E2ECluster) -> list[Any]:
+    core, _ = apis(cluster)
+    return list(core.list_namespaced_pod("default", label_selector=f"app={WORKLOAD}").items)
+
+
+def test_self_hosted_cluster_runs_daemonsets_and_a_workload(cluster_selfhosted: E2ECluster) -> None:
+    cluster = cluster_selfhosted
+    assert self_hosted(cluster)
+    wait_for("self-hosted control plane healthy", lambda: self_hosted_problems(cluster))
+    worker = cluster.state().nodes[-1]
+    assert worker.role == "worker"
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": WORKLOAD, "namespace": "default"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": WORKLOAD}},
+            "template": {
+                "metadata": {"labels": {"app": WORKLOAD}},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": worker.name},
+                    "containers": [{"name": "pause", "image": "k8s.gcr.io/pause:3.2"}],
+                },
+            },
+        },
+    }
+    apis(cluster)[1].create_namespaced_deployment("default", deployment)
+
+    def not_running() -> list[str]:
+        pods = workload_pods(cluster)
+        running = [p for p in pods if p.status.phase == "Running"]
+        return [] if running else [f"{p.metadata.name}: {p.status.phase}" for p in pods] or ["no pod"]
+
+    wait_for("workload running", not_running)
+
+
+def test_interactive_no_at_first_prompt_keeps_it_self_hosted(cluster_selfhosted: E2ECluster) -> None:
+    cluster = cluster_selfhosted
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen(
+        [KUBEPLANE, *convert_args(cluster)],
+        env={**os.environ, **cluster.env},
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+        start_new_session=True,
+    )
+    os.close(secondary)
+    output = b""
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        answered = False
+        while True:
+            assert time.monotonic() < deadline, output.decode(errors="replace")
+            ready, _, _ = select.select([primary], [], [], 1.0)
+            if ready:
+                try:
+                    chunk = os.read(primary, 4096)
+                except OSError:  # EIO: the process closed the terminal
+                    break
+                if not chunk:
+                    break
+                output += chunk
+            if not answered and FIRST_PROMPT.encode() in output:
+                os.write(primary, b"no\n")
+                answered = True
+            if process.poll() is not None and not ready:
+                break
+        process.wait(timeout=30)
+    finally:
+        os.close(primary)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    text = output.decode(errors="replace").replace("\r\n", "\n")
+    print(text)
+    assert answered, text
+    assert process.returncode == 1, text
+    assert "aborted" in text
+    assert "deleting daemonset" not in text
+    assert self_hosted(cluster)
+    wait_for("self-hosted control plane healthy after 'no'", lambda: self_hosted_problems(cluster))
+
+
+def test_killed_at_each_phase_then_rerun_completes(cluster_selfhosted: E2ECluster) -> None:
+    cluster = cluster_selfhosted
+    runs: list[tuple[str, Run]] = []
+    with ApiPoller(cluster.kubeconfig) as poller:
+        for phase, line in KILL_POINTS.items():
+            run = run_cli(cluster.env, *convert_args(cluster, "--force"), kill_after=line)
+            runs.append((phase, run))
+            assert run.killed, f"the run ended before its kill point ({phase}):\n" + "\n".join(run.lines)
+        final = run_cli(cluster.env, *convert_args(cluster, "--force"))
+        runs.append(("final", final))
+    for phase, run in runs:
+        print(f"run killed {phase}: {run.seconds:.0f}s, last line: {run.lines[-1]}")
+    print(
+        f"API requests through the endpoint: {poller.requests}, failed: {len(poller.failures)}, "
+        f"longest gap without a successful request: {poller.longest_gap:.1f}s"
+    )
+    for failure in poller.failures:
+        print(f"  {failure}")
+    assert final.returncode == 0, "\n".join(final.lines)
+    assert "conversion process completed successfully" in final.lines
+    # The aggregator CA minted by the first run that patched (the aborted one) is reused.
+    assert not any("generating new CA" in line for _, run in runs for line in run.lines)
+    assert any("reusing the aggregator CA" in line for line in runs[0][1].lines)
+
+
+def test_converted_cluster_runs_static_pods(cluster_selfhosted: E2ECluster) -> None:
+    cluster = cluster_selfhosted
+    assert not self_hosted(cluster)
+    core, apps = apis(cluster)
+    names = {node.ip: node.name for node in cluster.state().nodes}
+
+    def static_pods_not_ready() -> list[str]:
+        pods = core.list_namespaced_pod("kube-system").items
+        problems = []
+        for ip in cluster.control_plane:
+            for component in COMPONENTS:
+                mine = [
+                    p
+                    for p in pods
+                    if p.spec.node_name == names[ip]
+                    and (p.metadata.labels or {}).get("k8s-app") == component
+                    and (p.metadata.annotations or {}).get(SECRETS_VERSION)
+                    and any(ref.kind == "Node" for ref in p.metadata.owner_references or ())
+                ]
+                ready = [
+                    p
+                    for p in mine
+                    if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())
+                ]
+                if not ready:
+                    problems.append(f"{names[ip]}/{component}: {len(mine)} static pods, none Ready")
+        return problems
+
+    wait_for("static control plane pods Ready", static_pods_not_ready)
+    left = {ds.metadata.name for ds in apps.list_namespaced_daemon_set("kube-system").items} & set(DAEMONSETS)
+    assert not left, f"DaemonSets left: {left}"
+    checkpoints = [
+        p.metadata.name
+        for p in core.list_namespaced_pod("kube-system").items
+        if CHECKPOINT_OF in (p.metadata.annotations or {})
+    ]
+    assert not checkpoints, checkpoints
+    running = [p for p in workload_pods(cluster) if p.status.phase == "Running"]
+    assert running, "the workload created before the conversion no longer runs"
+    health = cluster.cli("health", "--wait-timeout", "3m")
+    assert health.returncode == 0, health.stdout + health.stderr
