@@ -565,6 +565,22 @@ def _without(config: client_config.ClientConfig, name: str) -> client_config.Cli
     return client_config.remove_context(config, name) if name in config.contexts else config
 
 
+#: Bind-mounts the node's own ``var/log/pods`` over ``/var/log/pods`` in a private mount namespace,
+#: then execs the agent (same PID throughout), so the node's kubelet and containerd see only it.
+_POD_LOGS_SCRIPT = 'mkdir -p "$0/var/log/pods" && mount --bind "$0/var/log/pods" /var/log/pods && exec "$@"'
+
+
+def private_pod_logs_argv(root: Path) -> list[str]:
+    """The argv prefix giving a node agent (and all it starts) its own ``/var/log/pods``.
+
+    The kubelet v1.20 fixes that path and garbage-collects every pod log directory of a pod it
+    does not know, so kubelets sharing one directory delete each other's logs. The mount
+    namespace is a slave of the host's: host mounts still propagate in (cgroups, ``/run/netns``),
+    the node's own mounts (pod volumes, its ``/var/log/pods``) stay private and vanish with it.
+    """
+    return ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", _POD_LOGS_SCRIPT, str(root)]
+
+
 def _start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Sequence[str]) -> None:
     record = cluster.node(node.name)
     root = node_root(cluster.directory, node.name)
@@ -576,8 +592,9 @@ def _start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Se
     existing = record.processes.get(AGENT)
     if existing is not None and hostproc.is_running(existing):
         return
+    agent = [*command, "--root", str(root), "--listen", f"{node.ip}:{AGENT_PORT}", "--node-name", node.name]
     record.processes[AGENT] = hostproc.start(
-        [*command, "--root", str(root), "--listen", f"{node.ip}:{AGENT_PORT}", "--node-name", node.name],
+        [*private_pod_logs_argv(root), *agent],
         name=f"{AGENT} {node.name}",
         log=cluster.directory / "logs" / f"{node.name}.log",
         netns=node.netns,
