@@ -69,15 +69,27 @@ class E2ECluster:
     def state(self) -> state.ClusterState:
         return state.ClusterState.load(self.name, root=self.directory.parent)
 
-    def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def kubectl_argv(self) -> list[str]:
         binary = toolchain.Toolchain().require(KUBERNETES_VERSION).binary("kubectl")
+        return [str(binary), "--kubeconfig", str(self.kubeconfig)]
+
+    def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(binary), "--kubeconfig", str(self.kubeconfig), *args],
+            [*self.kubectl_argv(), *args],
             capture_output=True,
             text=True,
             timeout=60,
             check=False,
         )
+
+
+def pod_network_namespaces() -> list[str]:
+    """The CNI plugin's per-pod network namespaces on this machine (``/run/netns/cni-*``)."""
+    return (
+        [name for name in os.listdir(netns.NETNS_DIR) if name.startswith("cni-")]
+        if netns.NETNS_DIR.exists()
+        else []
+    )
 
 
 def leftovers(cluster: state.ClusterState, *, client_config_path: Path) -> list[str]:
@@ -137,6 +149,8 @@ def _cluster(
 ) -> Iterator[E2ECluster]:
     root = Path(env["KUBEPLANE_STATE"])
     created = None
+    # Pod sandboxes get named network namespaces from the CNI plugin; destroy must remove them.
+    pod_netns_before = set(pod_network_namespaces())
     try:
         result = run_kubeplane(
             env,
@@ -181,6 +195,7 @@ def _cluster(
         assert destroyed.returncode == 0, f"cluster destroy failed:\n{destroyed.stdout}\n{destroyed.stderr}"
         if created is not None:
             left = leftovers(created, client_config_path=Path(env["KUBEPLANECONFIG"]))
+            left += [f"pod netns {name}" for name in sorted(set(pod_network_namespaces()) - pod_netns_before)]
             assert not left, f"cluster destroy left things behind: {left}"
 
 
@@ -189,21 +204,11 @@ def cluster_1cp1w(e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainP
     yield from _cluster(e2e_env, name="e2e1", cidr="10.5.21.0/24", controlplanes=1, workers=1)
 
 
-# Module scope: only test_cluster.py uses it, and destroying it then keeps the 2-core CI machine
-# free for the clusters of the later modules.
-@pytest.fixture(scope="module")
+# Session scope: test_cluster.py checks it as created, test_upgrade.py upgrades it and then (last)
+# takes one control plane node down. One 3+1 cluster for both keeps CI inside its time budget.
+@pytest.fixture(scope="session")
 def cluster_3cp1w(e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainPaths) -> Iterator[E2ECluster]:
     yield from _cluster(e2e_env, name="e2e3", cidr="10.5.23.0/24", controlplanes=3, workers=1)
-
-
-@pytest.fixture(scope="module")
-def cluster(e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainPaths) -> Iterator[E2ECluster]:
-    """A fresh 3 control plane + 1 worker cluster for one module (tests that change the cluster).
-
-    ``KUBEPLANE_E2E_MODULE_CLUSTER=NAME,CIDR`` moves it (a by-hand run beside other clusters).
-    """
-    name, _, cidr = os.environ.get("KUBEPLANE_E2E_MODULE_CLUSTER", "e2em,10.5.25.0/24").partition(",")
-    yield from _cluster(e2e_env, name=name, cidr=cidr, controlplanes=3, workers=1)
 
 
 #: The pod-checkpointer grace period of the self-hosted cluster: long enough that the conversion

@@ -143,6 +143,45 @@ def test_kubeconfig_from_the_node_works_with_kubectl(cluster_1cp1w: E2ECluster, 
     assert len(nodes.stdout.split()) == 2
 
 
+def test_containers_and_their_logs_through_cri(cluster_1cp1w: E2ECluster) -> None:
+    node = cluster_1cp1w.control_plane[0]
+    listed = cluster_1cp1w.cli("-n", node, "containers", "-k")
+    assert listed.returncode == 0, listed.stderr
+    assert "kube-apiserver" in listed.stdout and "k8s.gcr.io/pause:3.2" in listed.stdout
+    pod = f"kube-system/kube-apiserver-{cluster_1cp1w.name}-controlplane-1:kube-apiserver"
+    logs = cluster_1cp1w.cli("-n", node, "logs", "-k", "--tail", "5", pod)
+    assert logs.returncode == 0, logs.stderr
+    assert 1 <= len(logs.stdout.splitlines()) <= 5, logs.stdout
+
+
+def test_a_workload_runs_on_the_pod_network(cluster_1cp1w: E2ECluster) -> None:
+    """A pod (not hostNetwork) lands on the worker with an address of the bridge CNI's pod range."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "e2e-workload", "namespace": "default"},
+        "spec": {"containers": [{"name": "pause", "image": "k8s.gcr.io/pause:3.2"}]},
+    }
+    created = subprocess.run(
+        [*cluster_1cp1w.kubectl_argv(), "apply", "-f", "-"],
+        input=json.dumps(pod),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert created.returncode == 0, created.stderr
+
+    def running() -> bool:
+        status = kube_json(cluster_1cp1w, "pod", "e2e-workload", "-n", "default")["status"]
+        return status.get("phase") == "Running" and bool(status.get("podIP"))
+
+    wait_until("the workload pod to run", running)
+    status = kube_json(cluster_1cp1w, "pod", "e2e-workload", "-n", "default")["status"]
+    assert status["hostIP"] in cluster_1cp1w.workers
+    assert status["podIP"].startswith("10.244."), status["podIP"]
+
+
 def test_a_second_bootstrap_is_refused_and_changes_nothing(cluster_1cp1w: E2ECluster) -> None:
     node = cluster_1cp1w.control_plane[0]
     before = cluster_1cp1w.cli("-n", node, "etcd", "members", "-o", "json").stdout

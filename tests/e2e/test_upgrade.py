@@ -1,6 +1,7 @@
 """e2e: ``kubeplane upgrade-k8s`` on a local 3 control plane + 1 worker cluster.
 
-Uses the ``cluster`` fixture of the e2e conftest (a fresh cluster at v1.20.2 for this module):
+Uses the shared 3+1 cluster of the e2e conftest (``cluster_3cp1w``, at v1.20.2, which
+test_cluster.py has only looked at), aliased here as ``cluster``:
 
 - ``cluster.env``: environment for running the CLI against it (``KUBEPLANECONFIG`` = its client
   config, ``KUBEPLANE_STATE`` = the state directory holding it, so the CLI finds its haproxy);
@@ -12,7 +13,8 @@ Uses the ``cluster`` fixture of the e2e conftest (a fresh cluster at v1.20.2 for
 The tests run in order on the same cluster: checks that must change nothing first (dry run, bad
 targets, an unreachable node), then the upgrade itself (killed three times and re-run) with a
 client listing pods through the endpoint every 100 ms the whole time, then the final state: every
-pod's image, every running binary's ``--version``, ``health``.
+pod's image, every running binary's ``--version``, ``health``. Last, one control plane node goes
+down for good: the API keeps answering through the endpoint and ``health`` names that node.
 
 The target images come through the cluster registry, which ``cluster create`` seeds with every
 complete toolchain build in the cache (scripts/setup builds the target with
@@ -34,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import urllib3
@@ -45,7 +47,16 @@ from kubernetes import config as k8s_config
 from kubeplane.provision import cluster as cluster_mod
 from kubeplane.provision import hostproc
 
+if TYPE_CHECKING:
+    from conftest import E2ECluster
+
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_3cp1w: E2ECluster) -> E2ECluster:
+    return cluster_3cp1w
+
 
 TARGET = "v1.20.2-kp.1"
 #: A version the path check accepts but whose images exist nowhere: the pre-pull must stop it.
@@ -340,3 +351,19 @@ def test_upgrade_killed_three_times_completes_without_failed_requests(cluster: A
     assert others == [], f"{len(probe.failures)} of {probe.requests} API requests failed"
     # At most the probe's one connection, once per API server restart.
     assert len(probe.closed) <= len(cluster.control_plane), probe.closed
+
+
+def test_one_control_plane_node_down_keeps_the_api_answering(cluster_3cp1w: E2ECluster) -> None:
+    """Runs last on the shared 3+1 cluster: it takes a node down for good."""
+    down = cluster_3cp1w.state().nodes[1]
+    assert down.role == "controlplane"
+    hostproc.stop(down.processes[cluster_mod.AGENT], timeout=cluster_mod.AGENT_STOP_TIMEOUT)
+    cluster_mod.kill_node_processes(down)
+    cluster_3cp1w.haproxy.wait_status(down.name, until="out", timeout=15)
+    for _ in range(5):
+        result = cluster_3cp1w.kubectl("get", "nodes")
+        assert result.returncode == 0, result.stderr
+    health = cluster_3cp1w.cli("health", "--wait-timeout", "90s")
+    assert health.returncode == 1
+    assert f"failing nodes: {down.ip}\n" in health.stderr, health.stdout + health.stderr
+    assert "waiting for the Kubernetes API to answer through the endpoint: OK" in health.stdout
