@@ -178,7 +178,9 @@ def _cluster(
         shown = cluster_mod.show(name, state_root=root)
         yield E2ECluster(
             name=name,
-            env=env,
+            # Several clusters share the client config and each create makes its context current,
+            # so every command names this cluster's context, as a user with several clusters would.
+            env={**env, "KUBEPLANECONTEXT": name},
             directory=created.directory,
             client_config=Path(env["KUBEPLANECONFIG"]),
             kubeconfig=Path(shown["kubeconfig"]),

@@ -54,7 +54,12 @@ def _split(values: tuple[str, ...]) -> tuple[str, ...]:
     metavar="PATH",
     help="Client config file (default ~/.kubeplane/config; env KUBEPLANECONFIG).",
 )
-@click.option("--context", metavar="NAME", help="Context of the client config to use (default: current).")
+@click.option(
+    "--context",
+    envvar="KUBEPLANECONTEXT",
+    metavar="NAME",
+    help="Context of the client config to use (default: current; env KUBEPLANECONTEXT).",
+)
 @click.option(
     "-e", "--endpoints", multiple=True, metavar="ADDR[,ADDR]", help="Node API endpoints to connect to."
 )
