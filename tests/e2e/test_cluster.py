@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,11 +88,19 @@ def test_1cp1w_show_lists_nodes_roles_and_endpoint(cluster_1cp1w: E2ECluster) ->
 
 
 def test_1cp1w_containerd_pulled_every_image_through_the_registry(cluster_1cp1w: E2ECluster) -> None:
-    pulled = registry.pulled_repositories(cluster_1cp1w.registry_log)
-    assert {"pause", *COMPONENTS, "kube-proxy"} <= pulled, f"pulled through the registry: {sorted(pulled)}"
-    clients = {p.client for p in registry.pulls(cluster_1cp1w.registry_log)}
+    wanted = {"pause", *COMPONENTS, "kube-proxy"}
+    nodes = {"10.5.21.2", "10.5.21.3"}
+    # A healthy cluster does not wait for the kube-proxy DaemonSet: its pulls may still be under way.
+    deadline = time.monotonic() + 120
+    while True:
+        pulled = registry.pulled_repositories(cluster_1cp1w.registry_log)
+        clients = {p.client.rsplit(":", 1)[0] for p in registry.pulls(cluster_1cp1w.registry_log)}
+        if (wanted <= pulled and nodes <= clients) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert wanted <= pulled, f"pulled through the registry: {sorted(pulled)}"
     # Both nodes pulled (the worker needs pause and kube-proxy at least).
-    assert {"10.5.21.2", "10.5.21.3"} <= {c.rsplit(":", 1)[0] for c in clients}, clients
+    assert nodes <= clients, clients
 
 
 def test_3cp1w_etcd_has_three_members(cluster_3cp1w: E2ECluster) -> None:
