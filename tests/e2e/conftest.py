@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -131,10 +133,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def e2e_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    # Short paths: the haproxy admin socket path must fit in 107 bytes.
-    base = tmp_path_factory.mktemp("kp")
-    return {"KUBEPLANE_STATE": str(base / "s"), "KUBEPLANECONFIG": str(base / "config")}
+def e2e_env() -> Iterator[dict[str, str]]:
+    # Short paths: unix sockets under the state directory (haproxy's admin socket, each node's
+    # containerd socket) must fit in about 104 bytes, which pytest's own tmp paths can overrun.
+    base = Path(tempfile.mkdtemp(prefix="kpe2e-", dir="/tmp"))
+    yield {"KUBEPLANE_STATE": str(base / "s"), "KUBEPLANECONFIG": str(base / "config")}
+    shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -56,6 +56,7 @@ from kubeplane.agent import services as agent_services
 from kubeplane.api import trustd as trustd_api
 from kubeplane.config import client as client_config
 from kubeplane.config import generate as gen
+from kubeplane.config.paths import NodePaths
 from kubeplane.provision import checkpointer_image, hostproc, netns
 from kubeplane.provision import loadbalancer as lb
 from kubeplane.provision import registry as registry_mod
@@ -313,12 +314,30 @@ def preflight(
             f"destroy it first with `kubeplane cluster destroy --name {cluster_plan.name}` "
             "or pick another --name"
         )
+    _check_socket_paths(cluster_plan, directory=directory)
     try:
         paths = toolchain.require(cluster_plan.request.kubernetes_version)
         netns.check_host(cluster_plan.network, None)
     except (toolchain_mod.ToolchainError, netns.NetworkError) as exc:
         raise PreflightError(str(exc)) from exc
     return paths
+
+
+#: The longest unix socket path containerd accepts (its ttrpc socket adds ``.ttrpc`` to the socket).
+MAX_SOCKET_PATH = 104
+
+
+def _check_socket_paths(cluster_plan: ClusterPlan, *, directory: Path) -> None:
+    """Refuse a state directory so deep that a node's containerd sockets cannot be bound."""
+    for node in cluster_plan.nodes:
+        socket = NodePaths(node_root(directory, node.name)).containerd_socket
+        longest = f"{socket}.ttrpc"
+        if len(longest) > MAX_SOCKET_PATH:
+            raise PreflightError(
+                f"node {node.name}'s containerd socket {longest} is {len(longest)} characters, over the "
+                f"{MAX_SOCKET_PATH} a unix socket path may have: set KUBEPLANE_STATE to a shorter "
+                "directory or pick a shorter --name"
+            )
 
 
 # -- metadata --------------------------------------------------------------------------------
