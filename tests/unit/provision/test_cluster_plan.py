@@ -187,3 +187,12 @@ def test_health_runs_every_check_and_names_failing_nodes() -> None:
     assert "ZeroDivisionError" in results[2].problems[0]
     assert results[3].text() == "waiting for fine: OK"
     assert health.failing_nodes(results) == {"10.5.0.3"}
+
+
+def test_a_state_directory_too_deep_for_unix_sockets_is_refused(
+    secrets: gen.SecretsBundle, tmp_path: Path
+) -> None:
+    deep = tmp_path / ("d" * 60)
+    with pytest.raises(cluster.PreflightError, match="over the 104 a unix socket path may have"):
+        cluster.preflight(_plan(secrets, name="deep"), toolchain=None, state_root=deep)  # type: ignore[arg-type]
+    assert not deep.exists()
