@@ -586,7 +586,10 @@ def _without(config: client_config.ClientConfig, name: str) -> client_config.Cli
 
 #: Bind-mounts the node's own ``var/log/pods`` over ``/var/log/pods`` in a private mount namespace,
 #: then execs the agent (same PID throughout), so the node's kubelet and containerd see only it.
-_POD_LOGS_SCRIPT = 'mkdir -p "$0/var/log/pods" && mount --bind "$0/var/log/pods" /var/log/pods && exec "$@"'
+#: The mount point itself is created on the host when missing (a fresh machine has none).
+_POD_LOGS_SCRIPT = (
+    'mkdir -p "$0/var/log/pods" /var/log/pods && mount --bind "$0/var/log/pods" /var/log/pods && exec "$@"'
+)
 
 
 def private_pod_logs_argv(root: Path) -> list[str]:
