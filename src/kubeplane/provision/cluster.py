@@ -695,6 +695,9 @@ def destroy(
     meta = ClusterMeta.load(directory)
     progress("stopping node agents")
     agents = [node.processes[AGENT] for node in cluster.nodes if AGENT in node.processes]
+    pod_netns = {
+        name for record in agents if hostproc.is_running(record) for name in pod_netns_of(record.pid)
+    }
     for record in agents:
         if hostproc.is_running(record):
             with contextlib.suppress(ProcessLookupError):
@@ -704,6 +707,12 @@ def destroy(
     progress("stopping what the nodes left running")
     for node in cluster.nodes:
         kill_node_processes(node)
+    # The CNI plugin's per-pod network namespaces were mounted inside the nodes' mount namespaces;
+    # with those gone only their (empty) names are left under /run/netns.
+    for netns_name in sorted(pod_netns):
+        leftover = netns.NETNS_DIR / netns_name
+        if leftover.exists() and not os.path.ismount(leftover):
+            leftover.unlink()
     progress("unmounting node filesystems and removing cgroups")
     for node in cluster.nodes:
         if node.root_dir:
@@ -737,6 +746,22 @@ def _remove_context(path: Path, name: str, *, endpoint_ips: tuple[str, ...]) -> 
     # Only the context this cluster wrote: a same-named one pointing elsewhere is the user's.
     if context is not None and context.endpoints == endpoint_ips:
         client_config.save(client_config.remove_context(config, name), path)
+
+
+def pod_netns_of(pid: int) -> set[str]:
+    """Names of the pod network namespaces (``/run/netns/cni-*``) mounted in ``pid``'s mount namespace."""
+    try:
+        lines = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+    except OSError:
+        return set()
+    found = set()
+    for line in lines:
+        fields = line.split()
+        point = fields[4] if len(fields) > 4 else ""
+        parent, _, leaf = point.rpartition("/")
+        if parent in ("/run/netns", "/var/run/netns") and leaf.startswith("cni-"):
+            found.add(leaf)
+    return found
 
 
 def netns_members(netns_name: str) -> list[int]:
