@@ -60,6 +60,27 @@ class EtcdRefused(Exception):
     """An etcd operation was refused; the message says why and what to do."""
 
 
+def cluster_admin_client(
+    document: config.MachineConfig, *, common_name: str, lifetime: datetime.timedelta
+) -> tuple[pki.CertKey, pki.CertKey]:
+    """The cluster CA and a short-lived ``system:masters`` client certificate it signed.
+
+    Raises ValueError on a node whose config has no cluster CA key (workers).
+    """
+    ca = document.model.cluster.ca
+    if ca is None or not ca.key:
+        raise ValueError("cluster.ca has no key on this node")
+    authority = pki.CertKey(cert=ca.crt_pem(), key=ca.key_pem())
+    client = pki.issue(
+        ca=authority,
+        common_name=common_name,
+        organizations=("system:masters",),
+        usages=("client",),
+        lifetime=lifetime,
+    )
+    return authority, client
+
+
 class EtcdMember:
     """This node's etcd: the service spec and the operations the node API exposes."""
 
@@ -202,16 +223,14 @@ class EtcdMember:
     async def discover(self) -> list[str]:
         """etcd client URLs of the control plane nodes, from ``Endpoints default/kubernetes``."""
         cluster = self.document.model.cluster
-        if cluster.ca is None or not cluster.ca.key:
-            raise EtcdRefused("cluster.ca has no key on this node: it cannot discover etcd peers")
-        authority = pki.CertKey(cert=cluster.ca.crt_pem(), key=cluster.ca.key_pem())
-        admin = pki.issue(
-            ca=authority,
-            common_name=f"kubeplane:etcd-join:{self.name}",
-            organizations=("system:masters",),
-            usages=("client",),
-            lifetime=datetime.timedelta(hours=1),
-        )
+        try:
+            authority, admin = cluster_admin_client(
+                self.document,
+                common_name=f"kubeplane:etcd-join:{self.name}",
+                lifetime=datetime.timedelta(hours=1),
+            )
+        except ValueError as exc:
+            raise EtcdRefused(f"{exc}: it cannot discover etcd peers") from exc
         tls = etcd_client.tls_context(ca=authority.cert, cert=admin.cert, key=admin.key)
         url = f"{cluster.control_plane.endpoint.rstrip('/')}/api/v1/namespaces/default/endpoints/kubernetes"
         async with httpx.AsyncClient(verify=tls, timeout=_PROBE_TIMEOUT) as http:

@@ -42,7 +42,7 @@ import httpx
 import yaml
 
 from kubeplane import config, pki, resources
-from kubeplane.agent.etcd import EtcdMember
+from kubeplane.agent.etcd import EtcdMember, cluster_admin_client
 from kubeplane.config.paths import NodePaths
 from kubeplane.controllers.k8s import kube_rest
 from kubeplane.resources import catalog
@@ -559,15 +559,8 @@ class NodeServices:
     def admin_kubeconfig(self, *, lifetime: datetime.timedelta = datetime.timedelta(hours=1)) -> str:
         """A short-lived ``system:masters`` kubeconfig signed by the cluster CA (control plane nodes)."""
         cluster = self.document.model.cluster
-        if cluster.ca is None or not cluster.ca.key:
-            raise ValueError("cluster.ca has no key on this node")
-        authority = pki.CertKey(cert=cluster.ca.crt_pem(), key=cluster.ca.key_pem())
-        pair = pki.issue(
-            ca=authority,
-            common_name=f"kubeplane:node:{self.name}",
-            organizations=("system:masters",),
-            usages=("client",),
-            lifetime=lifetime,
+        authority, pair = cluster_admin_client(
+            self.document, common_name=f"kubeplane:node:{self.name}", lifetime=lifetime
         )
         return pki.kubeconfig(
             cluster_name=cluster.cluster_name or "kubernetes",
