@@ -357,8 +357,7 @@ def test_one_control_plane_node_down_keeps_the_api_answering(cluster_3cp1w: E2EC
     """Runs last on the shared 3+1 cluster: it takes a node down for good."""
     down = cluster_3cp1w.state().nodes[1]
     assert down.role == "controlplane"
-    hostproc.stop(down.processes[cluster_mod.AGENT], timeout=cluster_mod.AGENT_STOP_TIMEOUT)
-    cluster_mod.kill_node_processes(down)
+    cluster_mod.stop_node(down)
     cluster_3cp1w.haproxy.wait_status(down.name, until="out", timeout=15)
     for _ in range(5):
         result = cluster_3cp1w.kubectl("get", "nodes")

@@ -709,10 +709,7 @@ def destroy(
         kill_node_processes(node)
     # The CNI plugin's per-pod network namespaces were mounted inside the nodes' mount namespaces;
     # with those gone only their (empty) names are left under /run/netns.
-    for netns_name in sorted(pod_netns):
-        leftover = netns.NETNS_DIR / netns_name
-        if leftover.exists() and not os.path.ismount(leftover):
-            leftover.unlink()
+    remove_pod_netns_names(pod_netns)
     progress("unmounting node filesystems and removing cgroups")
     for node in cluster.nodes:
         if node.root_dir:
@@ -798,9 +795,59 @@ def node_processes(node: state_mod.NodeState) -> list[int]:
     return sorted(set(netns_members(node.netns)) | set(cgroup_members(node.cgroups)))
 
 
+def stop_node(node: state_mod.NodeState) -> None:
+    """Take one node down for good: stop its agent, kill what it left running, remove pod netns names."""
+    record = node.processes.get(AGENT)
+    running = record is not None and hostproc.is_running(record)
+    pod_netns = pod_netns_of_all([record.pid] if record is not None and running else [])
+    if record is not None:
+        hostproc.stop(record, timeout=AGENT_STOP_TIMEOUT)
+    kill_node_processes(node)
+    remove_pod_netns_names(pod_netns)
+
+
 def kill_node_processes(node: state_mod.NodeState, *, timeout: float = 10.0) -> None:
-    """SIGKILL every process of :func:`node_processes` until none is left (or ``timeout``)."""
+    """SIGKILL every process of :func:`node_processes` until none is left (or ``timeout``).
+
+    The pod network namespaces mounted in those processes' mount namespaces die with them; their
+    names, read first, are removed afterwards (see :func:`remove_pod_netns_names`).
+    """
     deadline = time.monotonic() + timeout
+    pod_netns = pod_netns_of_all(node_processes(node))
+    try:
+        _kill_until_gone(node, deadline)
+    finally:
+        remove_pod_netns_names(pod_netns)
+
+
+def pod_netns_of_all(pids: Sequence[int]) -> set[str]:
+    """:func:`pod_netns_of` over ``pids``, reading each mount namespace once."""
+    seen: set[tuple[int, int]] = set()
+    found: set[str] = set()
+    for pid in pids:
+        try:
+            ns = os.stat(f"/proc/{pid}/ns/mnt")
+        except OSError:
+            continue
+        if (ns.st_ino, ns.st_dev) not in seen:
+            seen.add((ns.st_ino, ns.st_dev))
+            found |= pod_netns_of(pid)
+    return found
+
+
+def remove_pod_netns_names(names: set[str]) -> None:
+    """Remove the empty ``/run/netns`` names of pod namespaces whose mount namespace is gone.
+
+    A name still mounted on in the host's namespace is someone else's live namespace: kept.
+    """
+    for netns_name in sorted(names):
+        leftover = netns.NETNS_DIR / netns_name
+        if leftover.exists() and not os.path.ismount(leftover):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+
+
+def _kill_until_gone(node: state_mod.NodeState, deadline: float) -> None:
     while pids := node_processes(node):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):

@@ -196,3 +196,37 @@ def test_a_state_directory_too_deep_for_unix_sockets_is_refused(
     with pytest.raises(cluster.PreflightError, match="over the 104 a unix socket path may have"):
         cluster.preflight(_plan(secrets, name="deep"), toolchain=None, state_root=deep)  # type: ignore[arg-type]
     assert not deep.exists()
+
+
+def test_pod_netns_names_are_read_from_mountinfo_and_only_unmounted_names_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc = tmp_path / "proc" / "4242"
+    proc.mkdir(parents=True)
+    (proc / "mountinfo").write_text(
+        "1 0 8:1 / / rw - ext4 /dev/sda1 rw\n"
+        "90 25 0:4 net:[4026532] /run/netns/cni-aaaa rw shared:5 - nsfs nsfs rw\n"
+        "91 25 0:4 net:[4026533] /var/run/netns/cni-bbbb rw - nsfs nsfs rw\n"
+        "92 25 0:4 net:[4026534] /run/netns/kp-e2e1-n1 rw - nsfs nsfs rw\n"
+    )
+    real_path = Path
+
+    def fake_path(*parts: str) -> Path:
+        joined = str(real_path(*parts))
+        return real_path(str(tmp_path) + joined) if joined.startswith("/proc/") else real_path(joined)
+
+    monkeypatch.setattr(cluster, "Path", fake_path)
+    assert cluster.pod_netns_of(4242) == {"cni-aaaa", "cni-bbbb"}
+    assert cluster.pod_netns_of(4243) == set()
+
+    netns_dir = tmp_path / "netns"
+    netns_dir.mkdir()
+    for name in ("cni-aaaa", "cni-other"):
+        (netns_dir / name).touch()
+    monkeypatch.setattr(cluster.netns, "NETNS_DIR", netns_dir)
+    mounted = {str(netns_dir / "cni-bbbb")}
+    (netns_dir / "cni-bbbb").touch()
+    monkeypatch.setattr(cluster.os.path, "ismount", lambda path: str(path) in mounted)
+    cluster.remove_pod_netns_names({"cni-aaaa", "cni-bbbb", "cni-gone"})
+    # The orphaned name goes; a still-mounted one and names not asked about stay.
+    assert sorted(p.name for p in netns_dir.iterdir()) == ["cni-bbbb", "cni-other"]
