@@ -165,6 +165,17 @@ class KubeplaneEnv:
         finally:
             await client.aclose()
 
+    async def containers(self, node: str) -> list[convert.Container]:
+        found = await self.nodes._one(node, await self.nodes._client(node).containers())
+        return [
+            convert.Container(pod=str(c["pod"]), name=str(c["name"]), running=c["state"] == "RUNNING")
+            for c in found
+            if c.get("namespace") == "kube-system"
+        ]
+
+    async def restart_kubelet(self, node: str) -> None:
+        await self.nodes._one(node, await self.nodes._client(node).service_restart("kubelet"))
+
 
 def _confirm(prompt: str) -> bool:
     while True:

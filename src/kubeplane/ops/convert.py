@@ -76,6 +76,15 @@ class Pod:
     owner_kinds: tuple[str, ...] = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class Container:
+    """A kube-system container on a node: its pod's name, its own name, running or not."""
+
+    pod: str
+    name: str
+    running: bool
+
+
 class Env(Protocol):
     """Node API, Kubernetes API and etcd as the conversion uses them."""
 
@@ -112,6 +121,12 @@ class Env(Protocol):
     async def remove_initialized_key(self) -> None:
         """Delete the etcd ``initialized`` key (needs an etcd leader)."""
 
+    async def containers(self, node: str) -> list[Container]:
+        """The node's kube-system containers as its container runtime sees them (no API server needed)."""
+
+    async def restart_kubelet(self, node: str) -> None:
+        """Restart the node's kubelet service (its containers keep running)."""
+
 
 @dataclasses.dataclass
 class Timing:
@@ -134,6 +149,8 @@ class Options:
     #: Above the kubelet's 5 min crash back-off cap: a static pod that crash-looped on the ports
     #: of its DaemonSet pod restarts only when its back-off ends.
     component_timeout: float = 420.0
+    #: How long a force-deleted DaemonSet container may keep running (holding its host ports).
+    port_release_timeout: float = 30.0
 
 
 Confirm = Callable[[str], bool]
@@ -231,7 +248,7 @@ class Converter:
             self.ask("confirm applying static pod definitions and manifests")
             self.echo("removing self-hosted initialized key")
             await self.remove_initialized_key()
-        await self.replace_daemonsets([name for _, name in nodes])
+        await self.replace_daemonsets(nodes)
         self.echo("conversion process completed successfully")
 
     def ask(self, prompt: str) -> None:
@@ -374,16 +391,19 @@ class Converter:
 
     # -- step 8 --
 
-    async def replace_daemonsets(self, node_names: Sequence[str]) -> None:
+    async def replace_daemonsets(self, nodes: Sequence[tuple[str, str]]) -> None:
         # Presence only: every DaemonSet pod holds its component's host ports (6443, 10257,
         # 10259), so a static pod can only be Ready between two crashes until its DaemonSet pod
         # goes, and each crash lengthens the kubelet's back-off, i.e. the API outage at hand-over.
+        node_names = [name for _, name in nodes]
         for component in COMPONENTS:
             await self.wait_static(component, node_names, ready=False)
         for component in COMPONENTS:
             self.echo(f'deleting daemonset "{component}"')
             await self._retry(functools.partial(self.env.delete_daemonset, component))
             await self.remove_daemonset_pods(component)
+            for address, name in nodes:
+                await self.skip_crash_backoff(component, address, name)
             await self.wait_static(component, node_names, ready=True)
 
     async def remove_daemonset_pods(self, component: str) -> None:
@@ -413,6 +433,42 @@ class Converter:
             timing=self.timing,
             key="daemonset hand-over",
         )
+
+    async def skip_crash_backoff(self, component: str, address: str, node_name: str) -> None:
+        """Restart the node's kubelet when its static ``component`` pod is not running.
+
+        That pod crashed on the host ports its DaemonSet pod held, and the kubelet's back-off
+        (doubling from 10 s up to 5 min) would keep it down long after the ports are free; a
+        restarted kubelet has forgotten the back-off and starts it at once. Read from the node's
+        container runtime: during the kube-apiserver hand-over there is no API to ask.
+        """
+        static = f"{component}-{node_name}"
+
+        async def ports_free() -> bool | str:
+            held = [
+                c.pod
+                for c in await self.env.containers(address)
+                if c.name == component and c.pod != static and c.running
+            ]
+            return True if not held else f"{address}: {component} still runs in {held}"
+
+        await wait_until(
+            f'the old {component} containers on node "{address}" to stop',
+            ports_free,
+            timeout=self.options.port_release_timeout,
+            interval=self.options.interval / 4,
+            echo=self.echo,
+            timing=self.timing,
+            key="daemonset hand-over",
+        )
+        containers = await self._retry(functools.partial(self.env.containers, address))
+        if any(c.pod == static and c.name == component and c.running for c in containers):
+            return
+        self.echo(
+            f'restarting kubelet on node "{address}" to start its {component} static pod without '
+            "waiting out the crash-loop back-off"
+        )
+        await self._retry(functools.partial(self.env.restart_kubelet, address))
 
     async def wait_static(self, component: str, node_names: Sequence[str], *, ready: bool) -> None:
         async def present() -> bool | str:

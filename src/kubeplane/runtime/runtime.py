@@ -4,14 +4,16 @@ Per controller the runtime keeps one loop task and one watch task per input. A w
 the initial snapshot sets the controller's wake-up flag; the loop task clears the flag, reconciles,
 and goes back to waiting — so any number of changes during a reconcile cost exactly one more run
 (coalescing). A reconcile that raises is logged as ``<name>: controller failed: <error>`` and
-retried after an exponential backoff (``backoff_initial`` doubling up to ``backoff_max``); the
-delay resets after a success. A watch that falls behind is restarted and queues a reconcile, which
+retried after an exponential backoff (``backoff_initial`` doubling up to ``backoff_max``), or
+as soon as one of its inputs changes, whichever comes first (a new input may be the fix: a
+config patch must not wait out a 30 s backoff); the delay resets after a success. A watch that falls behind is restarted and queues a reconcile, which
 is enough because reconciles read the current state rather than the events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 from types import TracebackType
@@ -150,7 +152,8 @@ class Runtime:
             except Exception as exc:
                 entry.logger.error("controller failed: %s", exc)
                 entry.logger.debug("controller failure traceback", exc_info=True)
-                await asyncio.sleep(delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(entry.wake.wait(), delay)
                 delay = min(delay * 2, self.backoff_max)
                 entry.wake.set()
                 continue

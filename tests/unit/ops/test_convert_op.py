@@ -12,7 +12,7 @@ import pytest
 from kubeplane import config as machine_config
 from kubeplane.config import generate as gen
 from kubeplane.ops import convert
-from kubeplane.ops.errors import PreflightError
+from kubeplane.ops.errors import PreflightError, WaitTimeout
 
 pytestmark = pytest.mark.unit
 
@@ -45,6 +45,12 @@ class FakeEnv:
     #: DaemonSet pod name → component: pods no garbage collector removes with their DaemonSet.
     daemonset_pods: dict[str, str] = dataclasses.field(default_factory=dict)
     deleted_pods: list[str] = dataclasses.field(default_factory=list)
+    #: (node address, component) whose static container waits in crash-loop back-off until the
+    #: node's kubelet restarts.
+    crashing: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    #: (node address, component) → polls for which the old DaemonSet container still runs.
+    old_running: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    restarted: list[str] = dataclasses.field(default_factory=list)
 
     async def master_nodes(self) -> list[tuple[str, str]]:
         return NODES
@@ -123,6 +129,22 @@ class FakeEnv:
 
     async def remove_initialized_key(self) -> None:
         self.self_hosted_flag = False
+
+    async def containers(self, node: str) -> list[convert.Container]:
+        name = dict(NODES)[node]
+        found = []
+        for component in convert.COMPONENTS:
+            crashing = (node, component) in self.crashing
+            found.append(convert.Container(pod=f"{component}-{name}", name=component, running=not crashing))
+            if self.old_running.get((node, component), 0) > 0:
+                self.old_running[(node, component)] -= 1
+                found.append(convert.Container(pod=f"{component}-zyxwv", name=component, running=True))
+        return found
+
+    async def restart_kubelet(self, node: str) -> None:
+        assert not any(n == node and rounds for (n, _), rounds in self.old_running.items())
+        self.restarted.append(node)
+        self.crashing = {(n, c) for n, c in self.crashing if n != node}
 
 
 def _run(env: FakeEnv, *, answers: list[bool] | None = None, force: bool = True) -> list[str]:
@@ -242,3 +264,40 @@ def test_pods_of_deleted_daemonsets_are_deleted_not_left_to_the_garbage_collecto
     assert env.deleted_pods == list(pods)
     assert 'waiting for pods of daemonset "kube-controller-manager" to terminate' in lines
     assert lines[-1] == "conversion process completed successfully"
+
+
+def test_a_static_pod_in_crash_loop_back_off_gets_its_kubelet_restarted() -> None:
+    env = FakeEnv(configs={ip: _config() for ip, _ in NODES}, crashing={("10.0.0.3", "kube-scheduler")})
+    lines = _run(env)
+    assert env.restarted == ["10.0.0.3"]
+    assert (
+        'restarting kubelet on node "10.0.0.3" to start its kube-scheduler static pod without waiting '
+        "out the crash-loop back-off"
+    ) in lines
+    assert lines[-1] == "conversion process completed successfully"
+
+
+def test_the_kubelet_restart_waits_for_the_old_container_to_free_the_ports() -> None:
+    env = FakeEnv(
+        configs={ip: _config() for ip, _ in NODES},
+        crashing={("10.0.0.2", "kube-apiserver")},
+        old_running={("10.0.0.2", "kube-apiserver"): 3},
+    )
+    lines = _run(env)
+    assert env.restarted == ["10.0.0.2"]  # restart_kubelet asserts the old container had stopped
+    assert any("10.0.0.2: kube-apiserver still runs in ['kube-apiserver-zyxwv']" in line for line in lines)
+
+
+def test_an_old_container_that_never_stops_fails_naming_the_node() -> None:
+    env = FakeEnv(
+        configs={ip: _config() for ip, _ in NODES}, old_running={("10.0.0.3", "kube-apiserver"): 10**6}
+    )
+    converter = convert.Converter(
+        env,
+        options=convert.Options(force=True, interval=0, checkpoint_interval=0, port_release_timeout=0.05),
+        echo=lambda _: None,
+        confirm=lambda _: True,
+    )
+    with pytest.raises(WaitTimeout, match=r'old kube-apiserver containers on node "10.0.0.3".*re-run'):
+        asyncio.run(converter.run())
+    assert env.restarted == []

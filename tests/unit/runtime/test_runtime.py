@@ -308,3 +308,28 @@ def test_backoff_resets_after_a_successful_reconcile() -> None:
     # Failures 1-3 waited 10, 20, 40 ms; run 4 succeeded, so failure 5 waits 10 ms again, not 80.
     assert times[3] - times[2] >= 0.04
     assert 0.01 <= times[5] - times[4] < 0.07
+
+
+def test_an_input_change_cuts_the_backoff_of_a_failing_controller_short() -> None:
+    async def scenario() -> tuple[list[float], float]:
+        times: list[float] = []
+
+        def body(ctx: ReconcileContext) -> None:
+            times.append(time.monotonic())
+            if not ctx.state.list(NS, SOURCES):
+                raise RuntimeError("no source yet")
+
+        controller = FakeController("test.WaitsForInput", [Input(NS, SOURCES)], [], body)
+        state = make_state()
+        runtime = Runtime(state, backoff_initial=10.0, backoff_max=10.0)
+        runtime.register(controller)
+        async with runtime:
+            await wait_until(lambda: len(times) == 1)
+            changed = time.monotonic()
+            state.create(NS, SOURCES, "x", spec=ValueSpec())
+            await wait_until(lambda: len(times) == 2)
+        return times, changed
+
+    times, changed = asyncio.run(scenario())
+    # Retried right after the change, not after the 10 s backoff.
+    assert times[1] - changed < 1.0
