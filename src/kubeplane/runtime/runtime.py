@@ -4,10 +4,11 @@ Per controller the runtime keeps one loop task and one watch task per input. A w
 the initial snapshot sets the controller's wake-up flag; the loop task clears the flag, reconciles,
 and goes back to waiting — so any number of changes during a reconcile cost exactly one more run
 (coalescing). A reconcile that raises is logged as ``<name>: controller failed: <error>`` and
-retried after an exponential backoff (``backoff_initial`` doubling up to ``backoff_max``), or
-as soon as one of its inputs changes, whichever comes first (a new input may be the fix: a
-config patch must not wait out a 30 s backoff); the delay resets after a success. A watch that falls behind is restarted and queues a reconcile, which
-is enough because reconciles read the current state rather than the events.
+retried after an exponential backoff (``backoff_initial`` doubling up to ``backoff_max``), or as
+soon as one of its inputs changes, whichever comes first (a new input may be the fix: a config
+patch must not wait out a 30 s backoff); the delay resets after a success. A watch that falls
+behind is restarted and queues a reconcile, which is enough because reconciles read the current
+state rather than the events.
 """
 
 from __future__ import annotations
