@@ -1,6 +1,6 @@
 """Benchmark of ``convert-k8s`` on a real self-hosted local cluster; prints figures, asserts nothing.
 
-Creates a self-hosted cluster (1 control plane + 1 worker by default), runs
+Creates a self-hosted cluster (3 control planes + 1 worker by default), runs
 ``convert-k8s --force`` through the load balancer endpoint while a client lists kube-system pods
 through it every 100 ms, then destroys the cluster. Prints:
 
@@ -82,7 +82,7 @@ class Poller:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grace", type=int, default=300, help="checkpointer grace period (s)")
-    parser.add_argument("--controlplanes", type=int, default=1)
+    parser.add_argument("--controlplanes", type=int, default=3)
     parser.add_argument("--name", default="bconv")
     parser.add_argument("--cidr", default="10.5.73.0/24")
     args = parser.parse_args()

@@ -239,7 +239,7 @@ SELF_HOSTED_GRACE_PERIOD = 20
 def cluster_selfhosted(
     e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainPaths
 ) -> Iterator[E2ECluster]:
-    """A fresh self-hosted cluster (1 control plane + 1 worker) for the convert-k8s module.
+    """A fresh self-hosted cluster (3 control planes + 1 worker) for the convert-k8s module.
 
     ``KUBEPLANE_E2E_SELFHOSTED_CLUSTER=NAME,CIDR`` moves it (a by-hand run beside other clusters).
     """
@@ -249,7 +249,7 @@ def cluster_selfhosted(
         e2e_env,
         name=name,
         cidr=cidr,
-        controlplanes=1,
+        controlplanes=3,
         workers=1,
         extra_args=("--self-hosted", "--checkpointer-grace-period", str(SELF_HOSTED_GRACE_PERIOD)),
     )

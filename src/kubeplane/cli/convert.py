@@ -208,7 +208,12 @@ async def _convert(
 @click.command("convert-k8s")
 @click.option("--endpoint", metavar="URL", help="Kubernetes API endpoint to use instead of the kubeconfig's.")
 @click.option("--force", is_flag=True, help="Answer yes to both confirmations.")
-@click.option("--remove-initialized-key", is_flag=True, hidden=True, help="Manual procedure step only.")
+@click.option(
+    "--remove-initialized-key",
+    is_flag=True,
+    help="Only remove the etcd key that keeps the control plane self-hosted, then stop: the agents "
+    "start their static pods (step 6 of the manual procedure in docs/convert.md).",
+)
 def convert_k8s(*, endpoint: str | None, force: bool, remove_initialized_key: bool) -> None:
     """Convert a self-hosted control plane (DaemonSets + pod-checkpointer) to static pods.
 
