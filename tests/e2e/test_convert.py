@@ -21,31 +21,25 @@ in order and each starts where the previous one left the cluster:
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import os
 import pty
 import select
-import signal
 import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import yaml
+from e2e_clients import KUBEPLANE, ApiPoller, Run, api_client, run_cli
 from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
 if TYPE_CHECKING:
     from conftest import E2ECluster
 
 pytestmark = pytest.mark.e2e
 
-KUBEPLANE = str(Path(sys.executable).with_name("kubeplane"))
 
 COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 DAEMONSETS = (*COMPONENTS, "pod-checkpointer")
@@ -66,95 +60,14 @@ KILL_POINTS = {
 }
 
 
-def api_client(kubeconfig: Path, *, retries: bool = True) -> Any:
-    configuration = k8s_client.Configuration()
-    k8s_config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
-        yaml.safe_load(kubeconfig.read_text()), client_configuration=configuration, persist_config=False
-    )
-    if not retries:
-        configuration.retries = False
-    return k8s_client.ApiClient(configuration)
-
-
 def apis(cluster: E2ECluster) -> tuple[Any, Any]:
     """(CoreV1Api, AppsV1Api) of the cluster, with retries."""
     client = api_client(cluster.kubeconfig)
     return k8s_client.CoreV1Api(client), k8s_client.AppsV1Api(client)
 
 
-class ApiPoller:
-    """Lists kube-system pods through the endpoint every ``interval`` s in a thread; records the
-    failed requests and the longest time without a successful one."""
-
-    def __init__(self, kubeconfig: Path, *, interval: float = 0.2) -> None:
-        self._core = k8s_client.CoreV1Api(api_client(kubeconfig, retries=False))
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="api-poller", daemon=True)
-        self.requests = 0
-        self.failures: list[str] = []
-        self.longest_gap = 0.0
-
-    def _loop(self) -> None:
-        last_ok = time.monotonic()
-        while not self._stop.is_set():
-            self.requests += 1
-            try:
-                self._core.list_namespaced_pod("kube-system", _request_timeout=5)
-                last_ok = time.monotonic()
-            except Exception as exc:
-                self.failures.append(f"{time.strftime('%H:%M:%S')} {type(exc).__name__}: {str(exc)[:160]}")
-            self.longest_gap = max(self.longest_gap, time.monotonic() - last_ok)
-            self._stop.wait(self._interval)
-
-    def __enter__(self) -> ApiPoller:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
-@dataclasses.dataclass
-class Run:
-    lines: list[str]
-    returncode: int
-    killed: bool
-    seconds: float
-
-
-def run_cli(env: Mapping[str, str], *args: str, kill_after: str | None = None) -> Run:
-    """Run ``kubeplane ARGS``; SIGKILL it as soon as a line starts with ``kill_after``."""
-    started = time.monotonic()
-    process = subprocess.Popen(
-        [KUBEPLANE, *args],
-        # Unbuffered: each line arrives as it is printed, so the kill lands at its point.
-        env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    lines: list[str] = []
-    killed = False
-    timer = threading.Timer(RUN_TIMEOUT, process.kill)
-    timer.start()
-    try:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.append(line.rstrip("\n"))
-            print(f"  | {lines[-1]}")
-            if kill_after is not None and not killed and line.startswith(kill_after):
-                process.send_signal(signal.SIGKILL)
-                killed = True
-        process.wait()
-    finally:
-        timer.cancel()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    return Run(lines=lines, returncode=process.returncode, killed=killed, seconds=time.monotonic() - started)
+def _last_line_starts(prefix: str) -> Callable[[list[str]], bool]:
+    return lambda lines: lines[-1].startswith(prefix)
 
 
 def convert_args(cluster: E2ECluster, *extra: str) -> tuple[str, ...]:
@@ -336,12 +249,14 @@ def test_interactive_no_at_first_prompt_keeps_it_self_hosted(cluster_selfhosted:
 def test_killed_at_each_phase_then_rerun_completes(cluster_selfhosted: E2ECluster) -> None:
     cluster = cluster_selfhosted
     runs: list[tuple[str, Run]] = []
-    with ApiPoller(cluster.kubeconfig) as poller:
+    with ApiPoller(cluster.kubeconfig, interval=0.2) as poller:
         for phase, line in KILL_POINTS.items():
-            run = run_cli(cluster.env, *convert_args(cluster, "--force"), kill_after=line)
+            run = run_cli(
+                cluster.env, *convert_args(cluster, "--force"), kill_when=_last_line_starts(line), echo=True
+            )
             runs.append((phase, run))
             assert run.killed, f"the run ended before its kill point ({phase}):\n" + "\n".join(run.lines)
-        final = run_cli(cluster.env, *convert_args(cluster, "--force"))
+        final = run_cli(cluster.env, *convert_args(cluster, "--force"), echo=True)
         runs.append(("final", final))
     for phase, run in runs:
         print(f"run killed {phase}: {run.seconds:.0f}s, last line: {run.lines[-1]}")

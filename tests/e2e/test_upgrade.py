@@ -23,26 +23,20 @@ complete toolchain build in the cache (scripts/setup builds the target with
 
 from __future__ import annotations
 
-import dataclasses
-import http.client
 import os
 import re
 import signal
 import statistics
 import subprocess
-import sys
-import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import urllib3
 import yaml
+from e2e_clients import ApiPoller, Run, api_client, run_cli
 from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
 from kubeplane.provision import cluster as cluster_mod
 from kubeplane.provision import hostproc
@@ -63,116 +57,11 @@ TARGET = "v1.20.2-kp.1"
 MISSING = "v1.20.9"
 COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 KCPC = "kcpc"
-#: One upgrade run may take a while (9 component steps, kube-proxy rollout); a stuck one fails.
-RUN_TIMEOUT = 900
 PATCHED = re.compile(r"^ > patched (?P<path>\S+) = (?P<image>\S+) on node (?P<node>\S+)")
 STEP_DONE = re.compile(r"^ < (?P<what>done|already at target, skipped) \((?P<seconds>[\d.]+)s\)")
 STEP_START = re.compile(
     r"^\[(?P<index>\d+)/(?P<total>\d+)\] (?P<kind>\S+) (?P<component>\S+) (?P<where>.*?):"
 )
-
-
-def kubeplane_binary() -> str:
-    """The ``kubeplane`` console script next to this interpreter (the project's venv)."""
-    return str(Path(sys.executable).with_name("kubeplane"))
-
-
-def api_client(kubeconfig: Path, *, retries: bool) -> Any:
-    """A Kubernetes client; without retries every failed request is seen as one."""
-    configuration = k8s_client.Configuration()
-    k8s_config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
-        yaml.safe_load(kubeconfig.read_text()), client_configuration=configuration, persist_config=False
-    )
-    if not retries:
-        configuration.retries = False
-    return k8s_client.ApiClient(configuration)
-
-
-def closed_before_response(exc: BaseException) -> bool:
-    """Whether the server closed a reused keep-alive connection as the request went out.
-
-    An API server shutting down closes its idle connections; one that a client reuses at that
-    instant fails without a response. HTTP lets a client retry such an idempotent request
-    (RFC 9112 §9.3.1) and client-go does; haproxy in TCP mode cannot, it never sees requests.
-    """
-    cause = exc.args[1] if isinstance(exc, urllib3.exceptions.ProtocolError) and len(exc.args) > 1 else None
-    return isinstance(cause, http.client.RemoteDisconnected | ConnectionResetError)
-
-
-class ApiProbe:
-    """Lists kube-system pods through the endpoint every ``interval`` seconds in a thread.
-
-    ``failures`` are all failed requests; ``closed`` the subset :func:`closed_before_response`.
-    """
-
-    def __init__(self, kubeconfig: Path, *, interval: float = 0.1) -> None:
-        self._core = k8s_client.CoreV1Api(api_client(kubeconfig, retries=False))
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="api-probe", daemon=True)
-        self.requests = 0
-        self.failures: list[str] = []
-        self.closed: list[str] = []
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.requests += 1
-            try:
-                self._core.list_namespaced_pod("kube-system", _request_timeout=5)
-            except Exception as exc:
-                failure = f"{time.strftime('%H:%M:%S')} {type(exc).__name__}: {str(exc)[:200]}"
-                self.failures.append(failure)
-                if closed_before_response(exc):
-                    self.closed.append(failure)
-            self._stop.wait(self._interval)
-
-    def __enter__(self) -> ApiProbe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
-@dataclasses.dataclass
-class Run:
-    """One CLI run: its output lines, exit code and whether it was killed."""
-
-    lines: list[str]
-    returncode: int
-    killed: bool
-
-
-def run_cli(env: Mapping[str, str], *args: str, kill_when: Callable[[list[str]], bool] | None = None) -> Run:
-    """Run ``kubeplane ARGS``; SIGKILL it as soon as ``kill_when(lines so far)`` is true."""
-    process = subprocess.Popen(
-        [kubeplane_binary(), *args],
-        # Unbuffered: each line arrives as it is printed, so a kill lands at its point.
-        env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    lines: list[str] = []
-    killed = False
-    timer = threading.Timer(RUN_TIMEOUT, process.kill)
-    timer.start()
-    try:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.append(line.rstrip("\n"))
-            if kill_when is not None and not killed and kill_when(lines):
-                process.send_signal(signal.SIGKILL)
-                killed = True
-        process.wait()
-    finally:
-        timer.cancel()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    return Run(lines=lines, returncode=process.returncode, killed=killed)
 
 
 def step_seconds(lines: Sequence[str]) -> list[tuple[str, str, float, str]]:
@@ -289,7 +178,7 @@ def test_upgrade_killed_three_times_completes_without_failed_requests(cluster: A
     second = cluster.control_plane[1]
     kill_points = (_second_apiserver_patched(second), _waiting_for_controller_manager, _daemonset_patched)
     runs: list[Run] = []
-    with ApiProbe(Path(cluster.kubeconfig)) as probe:
+    with ApiPoller(Path(cluster.kubeconfig)) as probe:
         for kill_when in kill_points:
             run = run_cli(cluster.env, "upgrade-k8s", "--to", TARGET, kill_when=kill_when)
             assert run.killed, "the run ended before its kill point:\n" + "\n".join(run.lines)

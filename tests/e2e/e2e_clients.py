@@ -1,0 +1,141 @@
+"""What the e2e tests use to drive a cluster as a user would: the CLI (optionally SIGKILLed at a
+line of its output) and a Kubernetes API client polling through the endpoint during an operation.
+
+Imported by the test modules of this directory (pytest puts it on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import urllib3
+import yaml
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+#: The ``kubeplane`` console script next to this interpreter (the project's venv).
+KUBEPLANE = str(Path(sys.executable).with_name("kubeplane"))
+
+
+def api_client(kubeconfig: Path, *, retries: bool = True) -> Any:
+    """A Kubernetes client; without retries every failed request is seen as one."""
+    configuration = k8s_client.Configuration()
+    k8s_config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
+        yaml.safe_load(kubeconfig.read_text()), client_configuration=configuration, persist_config=False
+    )
+    if not retries:
+        configuration.retries = False
+    return k8s_client.ApiClient(configuration)
+
+
+def closed_before_response(exc: BaseException) -> bool:
+    """Whether the server closed a reused keep-alive connection as the request went out.
+
+    An API server shutting down closes its idle connections; one that a client reuses at that
+    instant fails without a response. HTTP lets a client retry such an idempotent request
+    (RFC 9112 §9.3.1) and client-go does; haproxy in TCP mode cannot, it never sees requests.
+    """
+    cause = exc.args[1] if isinstance(exc, urllib3.exceptions.ProtocolError) and len(exc.args) > 1 else None
+    return isinstance(cause, http.client.RemoteDisconnected | ConnectionResetError)
+
+
+class ApiPoller:
+    """Lists kube-system pods through the endpoint every ``interval`` s in a thread.
+
+    ``failures`` are all failed requests, ``closed`` the subset :func:`closed_before_response`;
+    ``longest_gap`` is the longest time without a successful request.
+    """
+
+    def __init__(self, kubeconfig: Path, *, interval: float = 0.1) -> None:
+        self._core = k8s_client.CoreV1Api(api_client(kubeconfig, retries=False))
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="api-poller", daemon=True)
+        self.requests = 0
+        self.failures: list[str] = []
+        self.closed: list[str] = []
+        self.longest_gap = 0.0
+
+    def _loop(self) -> None:
+        last_ok = time.monotonic()
+        while not self._stop.is_set():
+            self.requests += 1
+            try:
+                self._core.list_namespaced_pod("kube-system", _request_timeout=5)
+                last_ok = time.monotonic()
+            except Exception as exc:
+                failure = f"{time.strftime('%H:%M:%S')} {type(exc).__name__}: {str(exc)[:200]}"
+                self.failures.append(failure)
+                if closed_before_response(exc):
+                    self.closed.append(failure)
+            self.longest_gap = max(self.longest_gap, time.monotonic() - last_ok)
+            self._stop.wait(self._interval)
+
+    def __enter__(self) -> ApiPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+@dataclasses.dataclass
+class Run:
+    """One CLI run: its output lines, exit code, whether it was killed, how long it took."""
+
+    lines: list[str]
+    returncode: int
+    killed: bool
+    seconds: float
+
+
+def run_cli(
+    env: Mapping[str, str],
+    *args: str,
+    kill_when: Callable[[list[str]], bool] | None = None,
+    timeout: float = 900,
+    echo: bool = False,
+) -> Run:
+    """Run ``kubeplane ARGS``; SIGKILL it as soon as ``kill_when(lines so far)`` is true, or
+    after ``timeout`` s. ``echo`` prints each line as it comes (``  | line``)."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [KUBEPLANE, *args],
+        # Unbuffered: each line arrives as it is printed, so a kill lands at its point.
+        env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    killed = False
+    timer = threading.Timer(timeout, process.kill)
+    timer.start()
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line.rstrip("\n"))
+            if echo:
+                print(f"  | {lines[-1]}")
+            if kill_when is not None and not killed and kill_when(lines):
+                process.send_signal(signal.SIGKILL)
+                killed = True
+        process.wait()
+    finally:
+        timer.cancel()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return Run(lines=lines, returncode=process.returncode, killed=killed, seconds=time.monotonic() - started)
