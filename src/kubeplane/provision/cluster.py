@@ -402,8 +402,12 @@ def _retry(action: Callable[[], T], *, timeout: float, what: str, hint: str) -> 
 
 
 def node_root(directory: Path, node: str) -> Path:
-    """Where node ``node``'s agent keeps its root (resolved: the agent resolves it too)."""
-    return (directory / "nodes" / node).resolve()
+    """Where node ``node``'s agent keeps its root (resolved: the agent resolves it too).
+
+    ``nodes/controlplane-1`` under the cluster directory (named after the cluster): without the
+    cluster name twice the node's containerd socket path stays within its limit for longer names.
+    """
+    return (directory / "nodes" / node.removeprefix(f"{directory.name}-")).resolve()
 
 
 def node_hint(node: state_mod.NodeState) -> str:

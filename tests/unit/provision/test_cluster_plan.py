@@ -230,3 +230,15 @@ def test_pod_netns_names_are_read_from_mountinfo_and_only_unmounted_names_remove
     cluster.remove_pod_netns_names({"cni-aaaa", "cni-bbbb", "cni-gone"})
     # The orphaned name goes; a still-mounted one and names not asked about stay.
     assert sorted(p.name for p in netns_dir.iterdir()) == ["cni-bbbb", "cni-other"]
+
+
+def test_node_directories_drop_the_cluster_name_so_longer_names_fit_the_socket_limit(
+    secrets: gen.SecretsBundle,
+) -> None:
+    assert cluster.node_root(Path("/srv/clusters/lab"), "lab-controlplane-1") == Path(
+        "/srv/clusters/lab/nodes/controlplane-1"
+    )
+    # The longest name the bridge name allows (12 characters) fits under root's default state dir.
+    name = "staging-eu-1"
+    plan = _plan(secrets, name=name)
+    cluster._check_socket_paths(plan, directory=Path("/root/.kubeplane/clusters") / name)
