@@ -94,6 +94,19 @@ def pod_network_namespaces() -> list[str]:
     )
 
 
+def orphaned_pod_network_namespaces() -> list[str]:
+    """Pod namespace names that no live mount namespace mounts any more: what a destroyed
+    cluster leaves behind. Another cluster that is still running (the e2e session runs two at
+    once) mounts its own in its nodes' mount namespaces, so they do not count."""
+    pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    mounted = cluster_mod.pod_netns_of_all(pids)
+    return [
+        name
+        for name in pod_network_namespaces()
+        if name not in mounted and not os.path.ismount(netns.NETNS_DIR / name)
+    ]
+
+
 def leftovers(cluster: state.ClusterState, *, client_config_path: Path) -> list[str]:
     """Everything of ``cluster`` (as recorded before destroy) that still exists."""
     found = []
@@ -214,7 +227,8 @@ def _cluster(
         assert destroyed.returncode == 0, f"cluster destroy failed:\n{destroyed.stdout}\n{destroyed.stderr}"
         if created is not None:
             left = leftovers(created, client_config_path=Path(env["KUBEPLANECONFIG"]))
-            left += [f"pod netns {name}" for name in sorted(set(pod_network_namespaces()) - pod_netns_before)]
+            orphans = set(orphaned_pod_network_namespaces()) - pod_netns_before
+            left += [f"pod netns {name}" for name in sorted(orphans)]
             assert not left, f"cluster destroy left things behind: {left}"
 
 
