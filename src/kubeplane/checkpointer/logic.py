@@ -14,9 +14,14 @@ Checkpoints have two states, as in the original bootkube checkpointer:
 
 Removal needs the API server's word: a checkpoint is removed once the API server has answered
 without its parent (or with the parent no longer annotated, or on another node) continuously
-for the grace period. While the API server is unreachable nothing is removed and no grace time
-passes for removal: keeping the control plane alive across reboots is the point. While the
-kubelet is unreachable, activation does not change (its silence says nothing about the parent).
+for the grace period. When that parent is the checkpointer's own and no other pod of its owner
+(its DaemonSet) is on the node, checkpointing is being switched off (the DaemonSet was
+deleted): every checkpoint goes with it, the checkpointer's own last. Left behind, an active
+checkpoint would have no one to deactivate or remove it, and while it holds its component's
+host ports its parent cannot run, so it would stay active for good. While the API server is
+unreachable nothing is removed and no grace time passes for removal: keeping the control plane
+alive across reboots is the point. While the kubelet is unreachable, activation does not change
+(its silence says nothing about the parent).
 
 Sanitising turns a pod from the API server into something a kubelet accepts as a static pod and
 the API server's NodeRestriction admission accepts as its mirror pod: no ownerReferences,
@@ -97,6 +102,16 @@ def wants_checkpoint(pod: Mapping[str, Any], node: str) -> bool:
         and (pod.get("spec") or {}).get("nodeName") == node
         and not is_checkpoint(pod)
     )
+
+
+def _self_last(known: frozenset[str], self_id: str | None) -> tuple[str, ...]:
+    """Every checkpoint, the checkpointer's own last (removing it stops this process)."""
+    others = sorted(known - {self_id}) if self_id else sorted(known)
+    return (*others, *([self_id] if self_id in known else []))
+
+
+def _owner_uids(pod: Mapping[str, Any]) -> set[str]:
+    return {str(ref.get("uid")) for ref in (pod.get("metadata") or {}).get("ownerReferences") or ()}
 
 
 def is_running(pod: Mapping[str, Any]) -> bool:
@@ -376,6 +391,8 @@ class Plan:
     remove: tuple[str, ...] = ()
     waiting: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """Parent id → seconds left before removal, for parents the API server no longer has."""
+    disabled: bool = False
+    """Checkpointing is switched off: ``remove`` is every checkpoint, the checkpointer's own last."""
 
 
 class Planner:
@@ -386,10 +403,17 @@ class Planner:
             raise CheckpointerError(f"grace period must not be negative, got {grace_period}")
         self.grace_period = grace_period
         self._missing_since: dict[str, float] = {}
+        #: uids of the owners (the DaemonSet) of the checkpointer's own parent, last seen.
+        self._self_owners: set[str] = set()
+        #: Set once checkpointing was switched off: from then on every checkpoint is removed.
+        self.disabled = False
 
     def plan(self, obs: Observation) -> Plan:
         """Decide this round's actions (see the module docstring for the rules)."""
         known = obs.stored | obs.active
+        if self.disabled:
+            # Until the kubelet stops this (checkpoint) process: nothing comes back.
+            return Plan(remove=_self_last(known, obs.self_id), disabled=True)
         running = (
             None
             if obs.kubelet_pods is None
@@ -415,6 +439,14 @@ class Planner:
             for parent_id in list(self._missing_since):
                 if parent_id not in known:
                     del self._missing_since[parent_id]
+            if obs.self_id in parents:
+                self._self_owners = _owner_uids(parents[obs.self_id])
+            elif obs.self_id in remove and not any(
+                _owner_uids(p) & self._self_owners for p in obs.api_pods if pod_id(p) != obs.self_id
+            ):
+                self.disabled = True
+                self._missing_since.clear()
+                return Plan(remove=_self_last(known, obs.self_id), disabled=True)
         keep = (obs.stored | {pod_id(p) for p in store}) - set(remove)
         activate: list[str] = []
         deactivate: list[str] = []

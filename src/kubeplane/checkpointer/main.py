@@ -107,9 +107,13 @@ class Checkpointer:
             except (SourceUnavailable, SourceRejected, CheckpointerError, OSError) as exc:
                 log.error("cannot checkpoint %s: %s", parent_id, exc)
         for parent_id in plan.remove:
-            log.info(
-                "removing checkpoint of %s: parent gone from the API server for the grace period", parent_id
-            )
+            if plan.disabled:
+                log.info("removing checkpoint of %s: the checkpointer was removed from this node", parent_id)
+            else:
+                log.info(
+                    "removing checkpoint of %s: parent gone from the API server for the grace period",
+                    parent_id,
+                )
             self.store.remove(parent_id)
         for parent_id, left in plan.waiting.items():
             if parent_id not in self._waiting:

@@ -302,3 +302,61 @@ def test_item_path_may_not_escape_the_volume() -> None:
 def test_checkpoint_name_refuses_path_tricks(bad: str) -> None:
     with pytest.raises(CheckpointerError):
         logic.checkpoint_name(bad)
+
+
+def owned(pod_dict: dict[str, Any], uid: str) -> dict[str, Any]:
+    pod_dict["metadata"]["ownerReferences"] = [{"kind": "DaemonSet", "name": "pod-checkpointer", "uid": uid}]
+    return pod_dict
+
+
+def test_deleting_the_checkpointer_daemonset_removes_every_checkpoint_its_own_last() -> None:
+    planner = logic.Planner(grace_period=300)
+    running = [pod(SELF, phase="Running"), pod(APISERVER, phase="Running")]
+    api = [owned(pod(SELF), "ds-1"), pod(APISERVER)]
+    # The API server pod is not running here (a crash): its checkpoint is active.
+    planner.plan(
+        observe(
+            api=api, kubelet=running[:1], stored={SELF, APISERVER}, active={SELF, APISERVER}, self_id=SELF
+        )
+    )
+    gone = observe(
+        api=[pod(APISERVER)],
+        kubelet=running[:1],
+        stored={SELF, APISERVER},
+        active={SELF, APISERVER},
+        now=10,
+        self_id=SELF,
+    )
+    assert planner.plan(gone).remove == ()
+    final = planner.plan(
+        observe(
+            api=[pod(APISERVER)],
+            kubelet=running[:1],
+            stored={SELF, APISERVER},
+            active={SELF, APISERVER},
+            now=310,
+            self_id=SELF,
+        )
+    )
+    # The API server's parent still exists, but nobody would ever deactivate its checkpoint.
+    assert final.disabled and final.remove == (APISERVER, SELF)
+    assert final.store == () and final.activate == ()
+    # Until the kubelet stops this process nothing is checkpointed again.
+    later = planner.plan(
+        observe(api=[pod(APISERVER)], kubelet=running, stored={APISERVER}, now=320, self_id=SELF)
+    )
+    assert later.remove == (APISERVER,) and later.store == ()
+
+
+def test_a_replaced_checkpointer_pod_removes_only_its_own_checkpoint() -> None:
+    planner = logic.Planner(grace_period=300)
+    successor = "kube-system/pod-checkpointer-new"
+    planner.plan(
+        observe(
+            api=[owned(pod(SELF), "ds-1"), pod(APISERVER)], kubelet=[], stored={SELF, APISERVER}, self_id=SELF
+        )
+    )
+    api = [owned(pod(successor), "ds-1"), pod(APISERVER)]
+    planner.plan(observe(api=api, kubelet=[], stored={SELF, APISERVER}, now=10, self_id=SELF))
+    plan = planner.plan(observe(api=api, kubelet=[], stored={SELF, APISERVER}, now=310, self_id=SELF))
+    assert not plan.disabled and plan.remove == (SELF,)
