@@ -17,12 +17,12 @@ import dataclasses
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
+from e2e_clients import KUBEPLANE
 
 from kubeplane.config import client as client_config
 from kubeplane.provision import cluster as cluster_mod
@@ -31,9 +31,6 @@ from kubeplane.provision import loadbalancer as lb
 
 KUBERNETES_VERSION = "v1.20.2"
 CREATE_TIMEOUT = 900
-
-#: The installed ``kubeplane`` command, run exactly as a user would.
-KUBEPLANE = str(Path(sys.executable).with_name("kubeplane"))
 
 
 def run_kubeplane(

@@ -445,7 +445,6 @@ class Planner:
                 _owner_uids(p) & self._self_owners for p in obs.api_pods if pod_id(p) != obs.self_id
             ):
                 self.disabled = True
-                self._missing_since.clear()
                 return Plan(remove=_self_last(known, obs.self_id), disabled=True)
         keep = (obs.stored | {pod_id(p) for p in store}) - set(remove)
         activate: list[str] = []

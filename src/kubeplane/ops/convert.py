@@ -332,13 +332,10 @@ class Converter:
             ("static pod definitions to be generated", static_pods),
             ("manifests to be generated", manifests),
         ):
-            await wait_until(
+            await self._wait(
                 what,
                 attempt,
                 timeout=self.options.static_pod_timeout,
-                interval=self.options.interval,
-                echo=self.echo,
-                timing=self.timing,
                 key="static pods rendered",
             )
 
@@ -353,13 +350,10 @@ class Converter:
             left = [p.name for p in await self.env.system_pods() if _owned_by_daemonset(p, CHECKPOINTER)]
             return True if not left else f"pod-checkpointer pods still running: {left}"
 
-        await wait_until(
+        await self._wait(
             "pod-checkpointer pods to terminate",
             checkpointer_gone,
             timeout=self.options.component_timeout,
-            interval=self.options.interval,
-            echo=self.echo,
-            timing=self.timing,
             key="checkpointer pods gone",
         )
         self.echo("checking for active pod checkpoints")
@@ -374,13 +368,11 @@ class Converter:
             names = sorted(p.name for p in active)
             return f"found {len(names)} active pod checkpoints: {names}"
 
-        await wait_until(
+        await self._wait(
             "pod checkpoints to be removed",
             no_checkpoints,
             timeout=self.options.checkpoint_timeout,
             interval=self.options.checkpoint_interval,
-            echo=self.echo,
-            timing=self.timing,
             key="checkpointer grace",
         )
 
@@ -424,13 +416,10 @@ class Converter:
                 else f"daemonset {component} pods still there: {sorted(p.name for p in left)}"
             )
 
-        await wait_until(
+        await self._wait(
             f'pods of daemonset "{component}" to terminate',
             gone,
             timeout=self.options.component_timeout,
-            interval=self.options.interval,
-            echo=self.echo,
-            timing=self.timing,
             key="daemonset hand-over",
         )
 
@@ -443,26 +432,21 @@ class Converter:
         container runtime: during the kube-apiserver hand-over there is no API to ask.
         """
         static = f"{component}-{node_name}"
+        listed: list[Container] = []
 
         async def ports_free() -> bool | str:
-            held = [
-                c.pod
-                for c in await self.env.containers(address)
-                if c.name == component and c.pod != static and c.running
-            ]
+            listed[:] = await self.env.containers(address)
+            held = [c.pod for c in listed if c.name == component and c.pod != static and c.running]
             return True if not held else f"{address}: {component} still runs in {held}"
 
-        await wait_until(
+        await self._wait(
             f'the old {component} containers on node "{address}" to stop',
             ports_free,
             timeout=self.options.port_release_timeout,
             interval=self.options.interval / 4,
-            echo=self.echo,
-            timing=self.timing,
             key="daemonset hand-over",
         )
-        containers = await self._retry(functools.partial(self.env.containers, address))
-        if any(c.pod == static and c.name == component and c.running for c in containers):
+        if any(c.pod == static and c.name == component and c.running for c in listed):
             return
         self.echo(
             f'restarting kubelet on node "{address}" to start its {component} static pod without '
@@ -482,14 +466,31 @@ class Converter:
                     problems.append(f"{node}: not ready ({mine[0].phase})")
             return True if not problems else f"{component} static pods: {problems}"
 
-        await wait_until(
+        await self._wait(
             f'static pods for "{component}" to be present in the API server state',
             present,
             timeout=self.options.component_timeout,
-            interval=self.options.interval,
+            key="daemonset hand-over" if ready else "static pods appearing",
+        )
+
+    async def _wait(
+        self,
+        what: str,
+        attempt: Callable[[], Awaitable[Any]],
+        *,
+        timeout: float,
+        key: str,
+        interval: float | None = None,
+    ) -> Any:
+        """:func:`wait_until` with this run's echo, timing and (by default) poll interval."""
+        return await wait_until(
+            what,
+            attempt,
+            timeout=timeout,
+            interval=self.options.interval if interval is None else interval,
             echo=self.echo,
             timing=self.timing,
-            key="daemonset hand-over" if ready else "static pods appearing",
+            key=key,
         )
 
     async def _retry(self, action: Callable[[], Awaitable[Any]]) -> Any:

@@ -699,9 +699,7 @@ def destroy(
     meta = ClusterMeta.load(directory)
     progress("stopping node agents")
     agents = [node.processes[AGENT] for node in cluster.nodes if AGENT in node.processes]
-    pod_netns = {
-        name for record in agents if hostproc.is_running(record) for name in pod_netns_of(record.pid)
-    }
+    pod_netns = pod_netns_of_all([record.pid for record in agents if hostproc.is_running(record)])
     for record in agents:
         if hostproc.is_running(record):
             with contextlib.suppress(ProcessLookupError):
@@ -802,8 +800,7 @@ def node_processes(node: state_mod.NodeState) -> list[int]:
 def stop_node(node: state_mod.NodeState) -> None:
     """Take one node down for good: stop its agent, kill what it left running, remove pod netns names."""
     record = node.processes.get(AGENT)
-    running = record is not None and hostproc.is_running(record)
-    pod_netns = pod_netns_of_all([record.pid] if record is not None and running else [])
+    pod_netns = pod_netns_of_all([record.pid] if record is not None and hostproc.is_running(record) else [])
     if record is not None:
         hostproc.stop(record, timeout=AGENT_STOP_TIMEOUT)
     kill_node_processes(node)
