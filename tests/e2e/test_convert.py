@@ -106,6 +106,46 @@ def wait_for(what: str, check: Callable[[], list[str]], *, timeout: float = 180)
         time.sleep(3)
 
 
+def checkpoint_problems(cluster: E2ECluster) -> list[str]:
+    """Checkpoints (their mirror pods) that are not where they belong: each control plane node
+    runs exactly one active checkpoint, its own checkpointer's, and never one of another node's pod."""
+    core, _ = apis(cluster)
+    pods = core.list_namespaced_pod("kube-system").items
+    node_of = {p.metadata.name: p.spec.node_name for p in pods}
+    problems = []
+    for node in (n.name for n in cluster.state().nodes if n.role == "controlplane"):
+        here = [
+            p for p in pods if p.spec.node_name == node and CHECKPOINT_OF in (p.metadata.annotations or {})
+        ]
+        parents = [p.metadata.annotations[CHECKPOINT_OF] for p in here]
+        if [node_of.get(parent) for parent in parents] != [node] or not parents[0].startswith(
+            "pod-checkpointer-"
+        ):
+            problems.append(f"{node}: checkpoints of {[(parent, node_of.get(parent)) for parent in parents]}")
+    return problems
+
+
+def checkpointer_diagnostics(cluster: E2ECluster) -> str:
+    """What each control plane node's checkpointers did and what its kubelet runs: printed when a
+    conversion run fails, so a failure in CI can be understood from its log alone."""
+    report = []
+    for node in cluster.control_plane:
+        listed = cluster.cli("-n", node, "containers", "-k", "-o", "json")
+        report.append(f"== {node}: containers -k\n{listed.stdout}{listed.stderr}")
+        containers = [json.loads(doc) for doc in listed.stdout.splitlines() if doc.strip()]
+        for container in containers:
+            if container.get("name") != "pod-checkpointer":
+                continue
+            ref = f"{container['namespace']}/{container['pod']}:{container['name']}"
+            logs = cluster.cli("-n", node, "logs", "-k", "--tail", "80", ref)
+            report.append(f"== {node}: logs {ref} ({container.get('state')})\n{logs.stdout}{logs.stderr}")
+    for node in cluster.state().nodes:
+        manifests = Path(node.root_dir) / "etc" / "kubernetes" / "manifests"
+        listed_files = sorted(p.name for p in manifests.iterdir()) if manifests.is_dir() else "missing"
+        report.append(f"== {node.name}: {manifests.name}: {listed_files}")
+    return "\n".join(report)
+
+
 def workload_pods(cluster: E2ECluster) -> list[Any]:
     core, _ = apis(cluster)
     return list(core.list_namespaced_pod("default", label_selector=f"app={WORKLOAD}").items)
@@ -115,6 +155,7 @@ def test_self_hosted_cluster_runs_daemonsets_and_a_workload(cluster_selfhosted: 
     cluster = cluster_selfhosted
     assert self_hosted(cluster)
     wait_for("self-hosted control plane healthy", lambda: self_hosted_problems(cluster))
+    wait_for("one checkpoint per node, its checkpointer's", lambda: checkpoint_problems(cluster), timeout=60)
     worker = cluster.state().nodes[-1]
     assert worker.role == "worker"
     deployment = {
@@ -255,9 +296,13 @@ def test_killed_at_each_phase_then_rerun_completes(cluster_selfhosted: E2ECluste
                 cluster.env, *convert_args(cluster, "--force"), kill_when=_last_line_starts(line), echo=True
             )
             runs.append((phase, run))
+            if not run.killed:
+                print(checkpointer_diagnostics(cluster))
             assert run.killed, f"the run ended before its kill point ({phase}):\n" + "\n".join(run.lines)
         final = run_cli(cluster.env, *convert_args(cluster, "--force"), echo=True)
         runs.append(("final", final))
+        if final.returncode != 0:
+            print(checkpointer_diagnostics(cluster))
     for phase, run in runs:
         print(f"run killed {phase}: {run.seconds:.0f}s, last line: {run.lines[-1]}")
     print(

@@ -35,7 +35,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import httpx
@@ -90,11 +90,25 @@ def with_temporary_keys(document: config.MachineConfig) -> config.MachineConfig:
 
 
 def node_root_pattern(paths: NodePaths, node_name: str) -> str:
-    """The node root as the checkpointer DaemonSet sees it: local cluster roots are named after
-    their node, so ``<parent>/$(NODE_NAME)`` selects each node's own directory."""
-    root = PurePosixPath(paths.root)
-    if str(root) != "/" and root.name == node_name:
-        return str(root.parent / selfhosted.NODE_NAME_VAR)
+    """The node root as the checkpointer DaemonSet sees it.
+
+    Every node of a local cluster shares one filesystem, and its root is reachable by the node's
+    name (``nodes/<node name>``, a symlink the provisioner makes), so ``<parent>/$(NODE_NAME)``
+    selects each node's own directory. Any other root is taken as it is: right for ``/``, and
+    for one node per machine; a warning says so, because nodes sharing a machine would then all
+    be given this node's directory.
+    """
+    root = Path(paths.root).resolve()
+    if str(root) == "/":
+        return "/"
+    if (root.parent / node_name).resolve() == root:
+        return str(PurePosixPath(root.parent) / selfhosted.NODE_NAME_VAR)
+    log.warning(
+        "node root %s is not reachable as %s: the pod-checkpointer DaemonSet uses %s on every node",
+        root,
+        root.parent / node_name,
+        root,
+    )
     return str(root)
 
 

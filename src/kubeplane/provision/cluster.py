@@ -410,6 +410,20 @@ def node_root(directory: Path, node: str) -> Path:
     return (directory / "nodes" / node.removeprefix(f"{directory.name}-")).resolve()
 
 
+def link_node_name(root: Path, node: str) -> None:
+    """Make node ``node``'s root reachable as ``nodes/<node name>`` too (a relative symlink).
+
+    Every node of a local cluster shares this machine's filesystem, so a DaemonSet that mounts a
+    node's own directory (the self-hosted pod-checkpointer) must name it from the node name, the
+    one per-node value the downward API gives: ``nodes/$(NODE_NAME)``.
+    """
+    link = root.parent / node
+    if link == root or (link.is_symlink() and link.resolve() == root):
+        return
+    link.unlink(missing_ok=True)
+    link.symlink_to(root.name)
+
+
 def node_hint(node: state_mod.NodeState) -> str:
     """Where to look when a node misbehaves."""
     logs = Path(node.root_dir) / "var" / "log" / "kubeplane"
@@ -611,6 +625,7 @@ def _start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Se
     record = cluster.node(node.name)
     root = node_root(cluster.directory, node.name)
     root.mkdir(parents=True, exist_ok=True)
+    link_node_name(root, node.name)
     record.root_dir = str(root)
     cgroup = agent_services.NodeServices.cgroup_name(root)
     record.cgroups = [str(hierarchy / cgroup) for hierarchy in agent_services.cgroup_hierarchies()]
