@@ -420,6 +420,11 @@ def link_node_name(root: Path, node: str) -> None:
     link = root.parent / node
     if link == root or (link.is_symlink() and link.resolve() == root):
         return
+    if link.exists() and not link.is_symlink():
+        raise CreateError(
+            f"{link} exists and is not a link to {root.name}: it is left from another layout; "
+            f"destroy the cluster (or move {link} away) and create it again"
+        )
     link.unlink(missing_ok=True)
     link.symlink_to(root.name)
 

@@ -44,3 +44,14 @@ def test_a_root_not_reachable_by_node_name_is_used_as_it_is_with_a_warning(
 
 def test_the_machine_root_is_used_as_it_is() -> None:
     assert node_root_pattern(NodePaths(Path("/")), "node-1") == "/"
+
+
+def test_a_directory_in_the_way_of_the_link_is_named_not_removed(tmp_path: Path) -> None:
+    root = cluster.node_root(tmp_path / "lab", "lab-controlplane-1")
+    root.mkdir(parents=True)
+    stale = root.parent / "lab-controlplane-1"
+    stale.mkdir()
+    (stale / "data").write_text("kept")
+    with pytest.raises(cluster.CreateError, match="lab-controlplane-1 exists and is not a link"):
+        cluster.link_node_name(root, "lab-controlplane-1")
+    assert (stale / "data").read_text() == "kept"
