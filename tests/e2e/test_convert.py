@@ -114,13 +114,13 @@ def checkpoint_problems(cluster: E2ECluster) -> list[str]:
     node_of = {p.metadata.name: p.spec.node_name for p in pods}
     problems = []
     for node in (n.name for n in cluster.state().nodes if n.role == "controlplane"):
-        here = [
-            p for p in pods if p.spec.node_name == node and CHECKPOINT_OF in (p.metadata.annotations or {})
+        parents = [
+            p.metadata.annotations[CHECKPOINT_OF]
+            for p in pods
+            if p.spec.node_name == node and CHECKPOINT_OF in (p.metadata.annotations or {})
         ]
-        parents = [p.metadata.annotations[CHECKPOINT_OF] for p in here]
-        if [node_of.get(parent) for parent in parents] != [node] or not parents[0].startswith(
-            "pod-checkpointer-"
-        ):
+        own = len(parents) == 1 and parents[0].startswith("pod-checkpointer-")
+        if not own or node_of.get(parents[0]) != node:
             problems.append(f"{node}: checkpoints of {[(parent, node_of.get(parent)) for parent in parents]}")
     return problems
 

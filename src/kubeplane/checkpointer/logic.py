@@ -106,7 +106,7 @@ def wants_checkpoint(pod: Mapping[str, Any], node: str) -> bool:
 
 def _self_last(known: frozenset[str], self_id: str | None) -> tuple[str, ...]:
     """Every checkpoint, the checkpointer's own last (removing it stops this process)."""
-    others = sorted(known - {self_id}) if self_id else sorted(known)
+    others = sorted(parent_id for parent_id in known if parent_id != self_id)
     return (*others, *([self_id] if self_id in known else []))
 
 
