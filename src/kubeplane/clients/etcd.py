@@ -493,7 +493,7 @@ class EtcdClient:
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 failures.append(f"{url}: {_describe(exc)}")
                 continue
-            except httpx.TransportError as exc:
+            except (httpx.TransportError, ssl.SSLError) as exc:
                 raise errors.EtcdUnavailable(
                     f"etcd request {path} failed: {_describe(exc)}", endpoint=url
                 ) from exc
@@ -505,7 +505,7 @@ class EtcdClient:
                     )
                 try:
                     yield url, response
-                except httpx.TransportError as exc:
+                except (httpx.TransportError, ssl.SSLError) as exc:
                     raise errors.EtcdUnavailable(
                         f"etcd stream {path} broke: {_describe(exc)}", endpoint=url
                     ) from exc
@@ -780,9 +780,14 @@ class EtcdClient:
         return written
 
 
-def _describe(exc: httpx.TransportError) -> str:
+def _describe(exc: httpx.TransportError | ssl.SSLError) -> str:
     text = str(exc) or type(exc).__name__
-    if isinstance(exc, httpx.ReadError | httpx.RemoteProtocolError):
+    if isinstance(exc, ssl.SSLError):
+        # httpx passes a TLS alert that arrives after the handshake through as it is, and with
+        # TLS 1.3 that is how a server refuses a client certificate.
+        if "CERTIFICATE" in (exc.reason or "") or "UNKNOWN_CA" in (exc.reason or ""):
+            text += " (etcd refused the client certificate)"
+    elif isinstance(exc, httpx.ReadError | httpx.RemoteProtocolError):
         # With TLS 1.3 a server that refuses our client certificate just closes the connection.
         text += " (connection closed: etcd stopped, or it refused the client certificate)"
     return text

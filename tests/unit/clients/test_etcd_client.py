@@ -6,6 +6,7 @@ import asyncio
 import base64
 import io
 import json
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -322,6 +323,23 @@ def test_read_error_after_sending_is_not_resent_elsewhere() -> None:
     with pytest.raises(errors.EtcdUnavailable, match="client certificate"):
         asyncio.run(scenario())
     assert hosts == ["a"]
+
+
+def test_tls_alert_after_handshake_is_a_mapped_error_naming_the_certificate() -> None:
+    """httpx lets a TLS 1.3 alert (a refused client certificate) through as a bare ``ssl.SSLError``."""
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        alert = ssl.SSLError(1, "[SSL: SSLV3_ALERT_BAD_CERTIFICATE] sslv3 alert bad certificate")
+        alert.reason = "SSLV3_ALERT_BAD_CERTIFICATE"
+        raise alert
+
+    async def scenario() -> None:
+        transport = httpx.MockTransport(respond)
+        async with etcd_client.EtcdClient(["http://a:1"], transport=transport) as etcd:
+            await etcd.get(b"x")
+
+    with pytest.raises(errors.EtcdUnavailable, match="etcd refused the client certificate"):
+        asyncio.run(scenario())
 
 
 def test_client_needs_an_endpoint() -> None:

@@ -139,7 +139,9 @@ class KubeRest:
                 headers={"Content-Type": content_type} if body is not None else None,
                 params=params,
             )
-        except httpx.TransportError as exc:
+        except (httpx.TransportError, ssl.SSLError) as exc:
+            # ssl.SSLError: httpx passes a TLS alert after the handshake (a refused client
+            # certificate under TLS 1.3) through unwrapped.
             raise KubeApiError(f"{method} {self.server}{path}: {exc or type(exc).__name__}") from exc
 
     async def resource(self, api_version: str, kind: str) -> ApiResource:
