@@ -427,7 +427,15 @@ class NodeServices:
             **files,
         )
 
+    def _require_socket_room(self, service: str) -> None:
+        """Fail the pre state with the reason when the node root is too deep for the service's
+        sockets, instead of letting the service crash-loop on a bind error."""
+        problem = self.paths.socket_problem(service)
+        if problem is not None:
+            raise ValueError(f"{problem}: run the agent with a shorter --root")
+
     async def _containerd_prepare(self) -> None:
+        self._require_socket_room(CONTAINERD)
         self.paths.containerd_conf_d.mkdir(parents=True, exist_ok=True)
         self.paths.cni_conf.mkdir(parents=True, exist_ok=True)
         text = await asyncio.to_thread(self.containerd_config)
@@ -500,6 +508,7 @@ class NodeServices:
         )
 
     async def _kubelet_prepare(self) -> None:
+        self._require_socket_room(KUBELET)
         model = self.document.model
         cluster = model.cluster
         if cluster.ca is None or not cluster.ca.crt:

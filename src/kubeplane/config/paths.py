@@ -10,6 +10,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+#: The longest path a unix socket can be bound at on Linux: ``sun_path`` holds 108 bytes with the
+#: closing NUL. The kubelet exits at start ("bind: invalid argument") on a longer one.
+MAX_UNIX_SOCKET_PATH = 107
+#: containerd refuses socket paths over 104 bytes, for its ttrpc socket too.
+MAX_CONTAINERD_SOCKET_PATH = 104
+#: The kubelet binds its pod-resources socket at a temporary name of up to 10 digits, then renames it.
+_KUBELET_TEMP_SOCKET_NAME = 10
+
+
+@dataclass(frozen=True)
+class SocketPath:
+    """The longest unix socket path a service binds under a node root, and its limit."""
+
+    service: str
+    path: str
+    length: int
+    limit: int
+
+    def problem(self) -> str | None:
+        if self.length <= self.limit:
+            return None
+        return (
+            f"{self.service}'s unix socket {self.path} is {self.length} characters, over the "
+            f"{self.limit} it may have"
+        )
+
 
 @dataclass(frozen=True)
 class NodePaths:
@@ -82,6 +108,27 @@ class NodePaths:
     def containerd_conf_d(self) -> Path:
         """Extra containerd config fragments merged into the rendered one (the containerd guide)."""
         return self.root / "etc" / "containerd" / "conf.d"
+
+    def sockets(self) -> list[SocketPath]:
+        """The longest unix socket path of each service of the node (a deep root can overrun them)."""
+        ttrpc = f"{self.containerd_socket}.ttrpc"
+        pod_resources = self.kubelet_root / "pod-resources"
+        return [
+            SocketPath("containerd", ttrpc, len(ttrpc), MAX_CONTAINERD_SOCKET_PATH),
+            SocketPath(
+                "kubelet",
+                f"{pod_resources}/<{_KUBELET_TEMP_SOCKET_NAME}-digit temporary name>",
+                len(str(pod_resources)) + 1 + _KUBELET_TEMP_SOCKET_NAME,
+                MAX_UNIX_SOCKET_PATH,
+            ),
+        ]
+
+    def socket_problem(self, service: str) -> str | None:
+        """Why ``service`` cannot bind its sockets under this root, or None."""
+        for socket in self.sockets():
+            if socket.service == service and (problem := socket.problem()) is not None:
+                return problem
+        return None
 
     @property
     def cni_conf(self) -> Path:

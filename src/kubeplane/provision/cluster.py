@@ -323,21 +323,15 @@ def preflight(
     return paths
 
 
-#: The longest unix socket path containerd accepts (its ttrpc socket adds ``.ttrpc`` to the socket).
-MAX_SOCKET_PATH = 104
-
-
 def _check_socket_paths(cluster_plan: ClusterPlan, *, directory: Path) -> None:
-    """Refuse a state directory so deep that a node's containerd sockets cannot be bound."""
+    """Refuse a state directory so deep that a node's containerd or kubelet sockets cannot be bound."""
     for node in cluster_plan.nodes:
-        socket = NodePaths(node_root(directory, node.name)).containerd_socket
-        longest = f"{socket}.ttrpc"
-        if len(longest) > MAX_SOCKET_PATH:
-            raise PreflightError(
-                f"node {node.name}'s containerd socket {longest} is {len(longest)} characters, over the "
-                f"{MAX_SOCKET_PATH} a unix socket path may have: set KUBEPLANE_STATE to a shorter "
-                "directory or pick a shorter --name"
-            )
+        for socket in NodePaths(node_root(directory, node.name)).sockets():
+            if (problem := socket.problem()) is not None:
+                raise PreflightError(
+                    f"node {node.name}: {problem}: set KUBEPLANE_STATE to a shorter directory or "
+                    "pick a shorter --name"
+                )
 
 
 # -- metadata --------------------------------------------------------------------------------

@@ -32,13 +32,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from kubeplane.config.paths import MAX_UNIX_SOCKET_PATH
 from kubeplane.provision import hostproc
 
 API_PORT = 6443
 BACKEND = "control-plane"
 FRONTEND = "control-plane-endpoint"
-#: Longest path of a unix socket (``sun_path`` is 108 bytes including the final NUL).
-MAX_SOCKET_PATH = 107
 
 AdminState = Literal["drain", "maint", "ready"]
 WaitFor = Literal["healthy", "out"]
@@ -92,9 +91,9 @@ def render_config(
     port: int = API_PORT,
 ) -> str:
     """The haproxy configuration for the control plane endpoint (deterministic text)."""
-    if len(str(admin_socket)) > MAX_SOCKET_PATH:
+    if len(str(admin_socket)) > MAX_UNIX_SOCKET_PATH:
         raise LoadBalancerError(
-            f"the haproxy admin socket path {admin_socket} is longer than {MAX_SOCKET_PATH} bytes, "
+            f"the haproxy admin socket path {admin_socket} is longer than {MAX_UNIX_SOCKET_PATH} bytes, "
             "which unix sockets cannot use; set KUBEPLANE_STATE to a shorter directory"
         )
     names = [backend.name for backend in backends]

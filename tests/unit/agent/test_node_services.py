@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import os
@@ -127,6 +128,19 @@ def test_containerd_config_has_mirrors_conf_d_imports_and_own_paths(tmp_path: Pa
     assert registry["tls"]["insecure_skip_verify"] is True
     assert Path(registry["tls"]["ca_file"]).read_bytes() == SECRETS.os_ca.cert
     assert registry["auth"] == {"username": "u", "password": "p"}
+
+
+def test_a_root_too_deep_for_the_kubelets_socket_fails_its_pre_state_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    assert len(str(tmp_path)) < 66, "pytest's tmp_path is too long for this test"
+    root = tmp_path / ("d" * (66 - len(str(tmp_path))))  # 67 characters: one too many for the kubelet
+    services = node(root)
+    with pytest.raises(ValueError, match=r"kubelet's unix socket .* over the 107 .* shorter --root"):
+        asyncio.run(services._kubelet_prepare())
+    assert not (root / "var/lib/kubelet").exists()
+    assert NodePaths(root).socket_problem("containerd") is None
+    assert NodePaths(Path(str(root)[:-1])).socket_problem("kubelet") is None
 
 
 def test_image_tags() -> None:

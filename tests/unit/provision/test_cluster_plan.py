@@ -193,9 +193,26 @@ def test_a_state_directory_too_deep_for_unix_sockets_is_refused(
     secrets: gen.SecretsBundle, tmp_path: Path
 ) -> None:
     deep = tmp_path / ("d" * 60)
-    with pytest.raises(cluster.PreflightError, match="over the 104 a unix socket path may have"):
+    with pytest.raises(cluster.PreflightError, match=r"containerd's unix socket .* over the 104 it may have"):
         cluster.preflight(_plan(secrets, name="deep"), toolchain=None, state_root=deep)  # type: ignore[arg-type]
     assert not deep.exists()
+
+
+def test_a_node_root_one_character_too_deep_for_the_kubelets_socket_is_refused(
+    secrets: gen.SecretsBundle,
+) -> None:
+    # The kubelet's pod-resources socket is the tighter limit: a node root of 67 characters fits
+    # containerd's sockets but not the kubelet's, which would crash-loop on "bind: invalid argument".
+    plan = _plan(secrets, name="lab", controlplanes=1)
+    fits = Path("/s" + "x" * 39) / "lab"  # + /nodes/controlplane-1 = 66 characters
+    assert len(str(cluster.node_root(fits, plan.nodes[0].name))) == 66
+    cluster._check_socket_paths(plan, directory=fits)
+    with pytest.raises(
+        cluster.PreflightError,
+        match=r"node lab-controlplane-1: kubelet's unix socket .*/pod-resources/<10-digit temporary name> "
+        r"is 108 characters, over the 107",
+    ):
+        cluster._check_socket_paths(plan, directory=Path("/s" + "x" * 40) / "lab")
 
 
 def test_pod_netns_names_are_read_from_mountinfo_and_only_unmounted_names_removed(
