@@ -1,6 +1,7 @@
 """Fixtures for integration tests: real processes, certificates, etcd, network namespaces, cgroups.
 
-Everything lives under the test's ``tmp_path``; every process is started in its own process
+Everything lives under the test's ``tmp_path`` (a node's root starts in a short directory for its
+unix sockets and is moved there afterwards); every process is started in its own process
 group and stopped by that group's ID, every namespace, link and cgroup the fixtures create is
 removed by the fixture that created it, even when the test fails. A missing prerequisite fails
 the test with a message pointing at ``scripts/setup``; nothing is skipped.
@@ -17,6 +18,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -621,13 +623,33 @@ class Node:
 
 
 @pytest.fixture
-def node(tmp_path: Path, processes: Processes, netns: NetNS, cgroup_root: str) -> Iterator[Node]:
-    """containerd (config from ``render_config``) running in ``netns`` with state under tmp_path."""
+def node_root(tmp_path: Path) -> Iterator[Path]:
+    """A node root short enough for the node's unix sockets, moved to ``tmp_path/node`` afterwards.
+
+    pytest's ``tmp_path`` runs to 70 characters; under a root over 66 the kubelet cannot bind its
+    pod-resources socket (``NodePaths.sockets``) and exits at start, most of the time. Fixtures
+    that start a node's processes request this one first, so it is torn down after them.
+    """
+    root = Path(tempfile.mkdtemp(prefix="kpnode-", dir="/tmp"))
+    try:
+        yield root
+    finally:
+        leaks = [f"mount {p}" for p in mounts_under(root)]
+        leaks += [f"process {pid}" for pid in processes_mentioning(str(root)) if pid != os.getpid()]
+        if not leaks:
+            # Same filesystem: a rename, so the logs stay with the test's other files.
+            shutil.move(root, tmp_path / "node")
+        assert not leaks, f"the node under {root} left these behind: " + ", ".join(leaks)
+
+
+@pytest.fixture
+def node(node_root: Path, processes: Processes, netns: NetNS, cgroup_root: str) -> Iterator[Node]:
+    """containerd (config from ``render_config``) running in ``netns`` with state under ``node_root``."""
     binary = require_binary("/usr/bin/containerd", "containerd")
     require_binary("/usr/bin/ctr", "ctr")
     require_binary("/usr/sbin/runc", "/usr/bin/runc", "runc")
     require_binary("containerd-shim-runc-v2")
-    root = tmp_path / "node"
+    root = node_root
     paths = containerd_service.ContainerdPaths.under(root)
     paths.config.parent.mkdir(parents=True, exist_ok=True)
     paths.config.write_text(containerd_service.render_config(node_root=root))

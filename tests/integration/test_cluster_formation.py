@@ -1,9 +1,9 @@
 """A control plane node's kubeplaned in a network namespace: services, bootstrap, restarts, refusals.
 
-The node agent runs inside the namespace (``nsenter --net``) with its root under ``tmp_path``;
-it supervises a real containerd, kubelet and etcd. The etcd certificates are written by the test
-exactly where the etcd secrets controller writes them (``system/secrets/etcd``), so this test
-does not depend on that controller.
+The node agent runs inside the namespace (``nsenter --net``) with its root in a short directory
+(``node_root``, moved to ``tmp_path`` afterwards); it supervises a real containerd, kubelet and
+etcd. The etcd certificates are written by the test exactly where the etcd secrets controller
+writes them (``system/secrets/etcd``), so this test does not depend on that controller.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def _healthy(service: dict[str, Any] | None) -> bool:
 
 @pytest.fixture
 def agent(
-    tmp_path: Path, processes: Processes, netns: NetNS, wait_until: Callable[..., Any]
+    node_root: Path, processes: Processes, netns: NetNS, wait_until: Callable[..., Any]
 ) -> Iterator[Agent]:
     for binary in ("containerd", "ctr", "etcd", "etcdctl", "nsenter"):
         if shutil.which(binary) is None:
@@ -94,7 +94,7 @@ def agent(
     options = gen.GenOptions(cluster_name="formation", endpoint=f"https://{netns.node_ip}:6443")
     document = gen.generate(options, secrets).documents["controlplane"]
     document["machine"]["network"] = {"hostname": name}
-    root = tmp_path / "node"
+    root = node_root
     write_etcd_certs(root / "system/secrets/etcd", ca=secrets.etcd_ca, name=name, ip=netns.node_ip)
     kubeplaned = Path(sys.executable).parent / "kubeplaned"
     address = f"{netns.node_ip}:{API_PORT}"
