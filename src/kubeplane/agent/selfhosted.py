@@ -102,7 +102,7 @@ def node_root_pattern(paths: NodePaths, node_name: str) -> str:
     if str(root) == "/":
         return "/"
     if (root.parent / node_name).resolve() == root:
-        return str(PurePosixPath(root.parent) / selfhosted.NODE_NAME_VAR)
+        return str(root.parent / selfhosted.NODE_NAME_VAR)
     log.warning(
         "node root %s is not reachable as %s: the pod-checkpointer DaemonSet uses %s on every node",
         root,

@@ -785,7 +785,8 @@ def _describe(exc: httpx.TransportError | ssl.SSLError) -> str:
     if isinstance(exc, ssl.SSLError):
         # httpx passes a TLS alert that arrives after the handshake through as it is, and with
         # TLS 1.3 that is how a server refuses a client certificate.
-        if "CERTIFICATE" in (exc.reason or "") or "UNKNOWN_CA" in (exc.reason or ""):
+        reason = exc.reason or ""
+        if "CERTIFICATE" in reason or "UNKNOWN_CA" in reason:
             text += " (etcd refused the client certificate)"
     elif isinstance(exc, httpx.ReadError | httpx.RemoteProtocolError):
         # With TLS 1.3 a server that refuses our client certificate just closes the connection.
