@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from kubeplane import api, pki
+from kubeplane.agent import owned
 from kubeplane.agent import services as agent_services
 from kubeplane.api import trustd
 from kubeplane.config import generate as gen
@@ -137,8 +138,8 @@ def agent(
         with contextlib.suppress(Exception):
             started.process.wait(timeout=90)
         processes.forget(started)
-        cgroup = agent_services.NodeServices.cgroup_name(root)
-        leftovers = [h / cgroup for h in agent_services.cgroup_hierarchies() if (h / cgroup).exists()]
+        cgroup = f"/{agent_services.NodeServices.cgroup_name(root)}"
+        leftovers = [path for path in owned.cgroup_paths([cgroup, f"{cgroup}-shims"]) if path.exists()]
         assert not leftovers, f"kubeplaned left cgroups behind: {leftovers}"
 
 

@@ -4,7 +4,8 @@
 turns the machine config, the node paths and the node's name and address into service specs,
 publishes every change as a ``runtime/Services`` resource, and on halt tears the node's
 containers down as a powered-off machine would (kubelet first, then every container task
-through containerd, then containerd, its shims, the mounts below the node root and the cgroups).
+through containerd, then containerd, its shims and pods by cgroup membership, the mounts its
+services made, and its cgroups: only what it owns, see :mod:`kubeplane.agent.owned`).
 
 - ``containerd``: config rendered from ``machine.registries`` with the sandbox image, plus an
   ``imports`` line for ``etc/containerd/conf.d/*.toml`` (containerd merges those fragments
@@ -32,7 +33,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -42,6 +42,7 @@ import httpx
 import yaml
 
 from kubeplane import config, pki, resources
+from kubeplane.agent import owned
 from kubeplane.agent.etcd import EtcdMember, cluster_admin_client
 from kubeplane.config.paths import NodePaths
 from kubeplane.controllers.k8s import kube_rest
@@ -163,51 +164,6 @@ async def import_toolchain_images(socket: Path, versions: Sequence[str]) -> None
                 await ctr(socket, "images", "import", str(archive))
 
 
-def cgroup_hierarchies() -> list[Path]:
-    """Mount points of the cgroup v1 hierarchies."""
-    found = []
-    with open("/proc/self/mounts") as mounts:
-        for line in mounts:
-            fields = line.split()
-            if len(fields) > 2 and fields[2] == "cgroup":
-                found.append(Path(fields[1]))
-    return found
-
-
-def remove_cgroup(path: Path) -> None:
-    """rmdir a cgroup and its children deepest first (cgroupfs refuses recursive removal)."""
-    if not path.is_dir():
-        return
-    children = sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
-    for child in [*children, path]:
-        with contextlib.suppress(OSError):
-            child.rmdir()
-
-
-def mounts_under(root: Path) -> list[Path]:
-    """Mount points at or below ``root``, deepest first."""
-    prefix = str(root)
-    points = set()
-    with open("/proc/self/mounts") as mounts:
-        for line in mounts:
-            point = line.split()[1].encode().decode("unicode_escape")
-            if point == prefix or point.startswith(prefix + "/"):
-                points.add(Path(point))
-    return sorted(points, key=lambda p: len(p.parts), reverse=True)
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """PIDs whose command line contains ``text`` (a path unique to this node, such as its socket)."""
-    found = []
-    needle = text.encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if needle in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-    return found
-
-
 def bootstrap_kubeconfig(*, server: str, ca: bytes, token: str, cluster_name: str) -> str:
     """A kubeconfig authenticating with a bootstrap token (kubelet TLS bootstrapping)."""
     document = {
@@ -276,6 +232,10 @@ class NodeServices:
             else None
         )
         self.cgroup_root = f"/{self.cgroup_name(paths.root)}"
+        #: containerd's runc runtime puts its shims here (``ShimCgroup``), so they are found by
+        #: membership at halt, never by a command line that other containerds could share.
+        self.shim_cgroup = f"{self.cgroup_root}-shims"
+        self.mounts = owned.MountLedger([paths.kubelet_root, paths.containerd_root, paths.containerd_state])
         self._labeler: asyncio.Task[None] | None = None
         self._unobserve: Callable[[], None] | None = None
 
@@ -287,6 +247,7 @@ class NodeServices:
     # -- life cycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        await asyncio.to_thread(self.mounts.mark)
         self._unobserve = self.supervisor.add_observer(self._publish)
         for spec in self.specs():
             self.supervisor.register(spec)
@@ -330,20 +291,16 @@ class NodeServices:
             subprocess.run(["ip", "netns", "delete", name], check=False, capture_output=True)
 
     def _sweep(self) -> None:
-        # Shims run in their own sessions, outside containerd's process group; their command line
-        # names this node's socket, which no other node shares.
-        for pid in processes_mentioning(str(self.paths.containerd_socket)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for _ in range(3):
-            points = [p for p in mounts_under(self.paths.root)]
-            if not points:
-                break
-            for point in points:
-                if subprocess.run(["umount", str(point)], check=False, capture_output=True).returncode != 0:
-                    subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
-        for hierarchy in cgroup_hierarchies():
-            remove_cgroup(hierarchy / self.cgroup_root.lstrip("/"))
+        # Shims run in their own sessions, outside containerd's process group, and pods outlive
+        # the kubelet: both are in cgroups this node made for them, and only those are killed.
+        survivors = owned.kill_cgroups([self.shim_cgroup, self.cgroup_root])
+        if survivors:
+            log.warning("processes %s of this node's cgroups survived SIGKILL", survivors)
+        left = self.mounts.unmount_made()
+        if left:
+            log.warning("could not unmount %s", ", ".join(map(str, left)))
+        for path in owned.cgroup_paths([self.shim_cgroup, self.cgroup_root]):
+            owned.remove_cgroup(path)
 
     def _publish(self, snapshot: supervisor.ServiceSnapshot) -> None:
         spec = catalog.ServiceSpec(
@@ -404,7 +361,9 @@ class NodeServices:
         configs: dict[str, containerd.RegistryConfig] = {}
         for host, entry in ((registries.config or {}) if registries else {}).items():
             configs[host] = self._registry_config(host, entry)
-        text = containerd.render_config(node_root=self.paths.root, mirrors=mirrors, registries=configs)
+        text = containerd.render_config(
+            node_root=self.paths.root, mirrors=mirrors, registries=configs, shim_cgroup=self.shim_cgroup
+        )
         imports = f"imports = [{_toml_str(str(self.paths.containerd_conf_d / '*.toml'))}]"
         head, _, rest = text.partition("\n")
         return f"{head}\n{imports}\n{rest}"
@@ -438,6 +397,7 @@ class NodeServices:
         self._require_socket_room(CONTAINERD)
         self.paths.containerd_conf_d.mkdir(parents=True, exist_ok=True)
         self.paths.cni_conf.mkdir(parents=True, exist_ok=True)
+        owned.make_cgroup(self.shim_cgroup)
         text = await asyncio.to_thread(self.containerd_config)
         self.paths.containerd_config.write_text(text)
 
@@ -518,8 +478,7 @@ class NodeServices:
         paths = kubelet.KubeletPaths.under(self.paths.root)
         for directory in (paths.root_dir, paths.cert_dir, paths.pod_manifest_path, self.paths.cni_conf):
             directory.mkdir(parents=True, exist_ok=True)
-        for hierarchy in cgroup_hierarchies():
-            (hierarchy / self.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
+        owned.make_cgroup(self.cgroup_root)
         _write_secret(self.kubelet_ca, cluster.ca.crt_pem())
         _write_secret(
             paths.bootstrap_kubeconfig,
@@ -562,8 +521,8 @@ class NodeServices:
 
     async def _kubelet_cleanup(self) -> None:
         # Pods still running keep their cgroups; what is empty goes now, the rest at halt.
-        for hierarchy in cgroup_hierarchies():
-            remove_cgroup(hierarchy / self.cgroup_root.lstrip("/"))
+        for path in owned.cgroup_paths([self.cgroup_root]):
+            owned.remove_cgroup(path)
 
     def admin_kubeconfig(self, *, lifetime: datetime.timedelta = datetime.timedelta(hours=1)) -> str:
         """A short-lived ``system:masters`` kubeconfig signed by the cluster CA (control plane nodes)."""

@@ -85,11 +85,14 @@ def render_config(
     cni_conf_dir: Path | None = None,
     mirrors: Mapping[str, Sequence[str]] | None = None,
     registries: Mapping[str, RegistryConfig] | None = None,
+    shim_cgroup: str | None = None,
 ) -> str:
     """The ``config.toml`` for the containerd of the node rooted at ``node_root``.
 
     ``mirrors`` maps a registry host (or ``"*"`` for every host) to the endpoints to pull from,
     in order; ``registries`` sets TLS verification, CA and credentials per registry host.
+    ``shim_cgroup`` is the cgroup (in every v1 hierarchy, created by the caller) that the runc
+    runtime moves each shim into, so the node's shims can be found by membership.
     """
     paths = ContainerdPaths.under(node_root)
     lines = [
@@ -113,6 +116,11 @@ def render_config(
         "",
         f"[plugins.{_CRI}.containerd.runtimes.runc]",
         '  runtime_type = "io.containerd.runc.v2"',
+        *(
+            ["", f"[plugins.{_CRI}.containerd.runtimes.runc.options]", f"  ShimCgroup = {_str(shim_cgroup)}"]
+            if shim_cgroup
+            else []
+        ),
         "",
         f"[plugins.{_CRI}.cni]",
         f"  bin_dir = {_str(cni_bin_dir)}",

@@ -186,3 +186,17 @@ def test_pod_network_namespaces_are_read_from_the_container_spec() -> None:
     host = {"Spec": {"linux": {"namespaces": [{"type": "network", "path": "/proc/42/ns/net"}]}}}
     assert agent_services.pod_network_namespaces(host) == set()
     assert agent_services.pod_network_namespaces({}) == set()
+
+
+def test_containerd_puts_its_shims_in_the_nodes_own_cgroup(tmp_path: Path) -> None:
+    services = node(tmp_path)
+    rendered = tomllib.loads(services.containerd_config())
+    runc = rendered["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"]
+    assert runc["options"]["ShimCgroup"] == services.shim_cgroup
+    assert services.shim_cgroup == f"{services.cgroup_root}-shims"
+    # The services own exactly the kubelet's and containerd's directories: never the node root.
+    assert services.mounts.owned == (
+        NodePaths(tmp_path).kubelet_root,
+        NodePaths(tmp_path).containerd_root,
+        NodePaths(tmp_path).containerd_state,
+    )
