@@ -16,10 +16,14 @@ request again later may succeed)::
     │   ├── EtcdUnavailable       retryable: no endpoint answered, no leader, overloaded, timeout
     │   ├── EtcdNotFound          lease, member or election does not exist
     │   ├── EtcdConflict          compare-and-swap lost; state forbids the change (duplicate peer URL)
+    │   │   ├── EtcdLearnerNotReady   retryable: the learner has not caught up, promote it later
+    │   │   └── EtcdMemberNotLearner  promoting a member that already votes
+    │   ├── EtcdCompacted         the revision asked for was compacted away
+    │   ├── EtcdLeaseLost         retryable: a kept lease (a held lock) was lost; its block was stopped
     │   ├── EtcdInvalidRequest    malformed request (a bug in the caller)
     │   └── EtcdPermissionDenied  the client certificate may not do this
     └── WaitTimeout               kube.wait_for ran out of time (names what and the last error)
 
 A few ``EtcdConflict`` answers that clear up once the cluster settles (a new member not started
-yet, a learner still catching up) are marked ``retryable`` individually.
+yet, a second learner waiting for the first) are marked ``retryable`` individually.
 """

@@ -56,6 +56,33 @@ class EtcdConflict(EtcdError):
     """A compare-and-swap lost, or the cluster's state forbids the change (e.g. duplicate peer URL)."""
 
 
+class EtcdLearnerNotReady(EtcdConflict):
+    """etcd refused to promote a learner that has not caught up with the leader's log yet.
+
+    Retryable: the learner catches up by itself; ask again later.
+    """
+
+    retryable = True
+
+
+class EtcdMemberNotLearner(EtcdConflict):
+    """A promotion named a member that is not a learner (it already votes)."""
+
+
+class EtcdCompacted(EtcdError):
+    """The revision a read or watch asked for has been compacted away; read the current state."""
+
+
+class EtcdLeaseLost(EtcdError):
+    """A lease (and everything held under it, such as a lock) was lost while a block relied on it.
+
+    Raised in place of the block's work when a keep-alive failed for longer than the lease's TTL
+    or etcd said the lease is gone. Retryable: grant a new lease (take the lock again).
+    """
+
+    retryable = True
+
+
 class EtcdInvalidRequest(EtcdError):
     """etcd rejected the request as malformed; this is a bug in the caller."""
 

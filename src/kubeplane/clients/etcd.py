@@ -14,6 +14,11 @@ hides from callers:
 - streaming calls (lease keepalive, election observe, snapshot) answer with one
   ``{"result": ...}`` JSON object per line.
 
+Two guarantees beyond the gateway's: a block run under :meth:`EtcdClient.lease` or
+:meth:`EtcdClient.lock` is cancelled (``EtcdLeaseLost``) as soon as its lease is lost, and a
+watch whose history was compacted away reads the current state again (:class:`Relist`) and
+carries on, instead of falling silent on etcd's cancelled watch.
+
 Endpoints are tried in order starting from the last one that answered; only a failure to
 connect moves on to the next endpoint, because a request that reached a server may have been
 applied, and resending a non-idempotent write elsewhere could apply it twice.
@@ -33,6 +38,7 @@ import logging
 import os
 import ssl
 import tempfile
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import IO, Any, Literal
 
@@ -57,6 +63,7 @@ _PERMISSION_DENIED = 7
 _RESOURCE_EXHAUSTED = 8
 _FAILED_PRECONDITION = 9
 _ABORTED = 10
+_OUT_OF_RANGE = 11
 _UNAVAILABLE = 14
 _UNAUTHENTICATED = 16
 
@@ -69,15 +76,24 @@ _ERRORS_BY_CODE: dict[int, type[errors.EtcdError]] = {
     _RESOURCE_EXHAUSTED: errors.EtcdUnavailable,
     _FAILED_PRECONDITION: errors.EtcdConflict,
     _ABORTED: errors.EtcdUnavailable,
+    _OUT_OF_RANGE: errors.EtcdInvalidRequest,
     _UNAVAILABLE: errors.EtcdUnavailable,
     _UNAUTHENTICATED: errors.EtcdPermissionDenied,
 }
 
+# etcd's own errors (its rpctypes) share gRPC codes; like etcd's Go client, tell the ones callers
+# act on apart by their exact message. The longer promotion message must not be taken for the
+# shorter one, hence whole-message keys rather than fragments.
+_ERRORS_BY_MESSAGE: dict[str, type[errors.EtcdError]] = {
+    "etcdserver: can only promote a learner member which is in sync with leader": errors.EtcdLearnerNotReady,
+    "etcdserver: can only promote a learner member": errors.EtcdMemberNotLearner,
+    "etcdserver: mvcc: required revision has been compacted": errors.EtcdCompacted,
+}
+
 # Failed-precondition answers that clear up by themselves once the cluster settles (a member
-# that just joined is not started yet, a learner is still catching up).
+# that just joined is not started yet, a second learner waits for the first to be promoted).
 _TRANSIENT_MESSAGES = (
     "not enough started members",
-    "in sync with leader",
     "too many learner members",
     "unhealthy cluster",
 )
@@ -168,6 +184,20 @@ class RangeResult:
             more=bool(data.get("more", False)),
             revision=_int(data.get("header", {}).get("revision")),
         )
+
+
+class Relist(list[KeyValue]):
+    """A watch batch holding the whole current state of the watched key or range, not changes.
+
+    A watch yields one after its history was compacted away (``compact_revision``): the changes
+    it missed are gone, so it read the range again at ``revision``. Keys absent from the batch
+    do not exist (any more).
+    """
+
+    def __init__(self, kvs: Sequence[KeyValue], *, revision: int, compact_revision: int) -> None:
+        super().__init__(kvs)
+        self.revision = revision
+        self.compact_revision = compact_revision
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,7 +444,7 @@ def error_from_response(*, status: int, body: bytes, endpoint: str) -> errors.Et
         # Not a gRPC answer at all (a proxy, a wrong port, a 404 for an unknown path).
         kind: type[errors.EtcdError] = errors.EtcdUnavailable if status >= 500 else errors.EtcdInvalidRequest
         return kind(f"etcd gateway answered HTTP {status}: {message}", endpoint=endpoint)
-    kind = _ERRORS_BY_CODE.get(code, errors.EtcdError)
+    kind = _ERRORS_BY_MESSAGE.get(message) or _ERRORS_BY_CODE.get(code, errors.EtcdError)
     transient = any(fragment in message for fragment in _TRANSIENT_MESSAGES)
     return kind(message, code=code, endpoint=endpoint, retryable=True if transient else None)
 
@@ -551,6 +581,13 @@ class EtcdClient:
         """Delete ``key`` (or every key under it); returns how many were deleted."""
         return DeleteResult.from_json(await self._call("/v3/kv/deleterange", _range_body(key, prefix=prefix)))
 
+    async def compact(self, revision: int, *, physical: bool = False) -> None:
+        """Drop the history before ``revision``; ``physical`` waits until it is purged from disk."""
+        body: dict[str, Any] = {"revision": str(revision)}
+        if physical:
+            body["physical"] = True
+        await self._call("/v3/kv/compaction", body)
+
     async def txn(
         self, compare: Sequence[Compare], success: Sequence[Op] = (), failure: Sequence[Op] = ()
     ) -> TxnResult:
@@ -591,9 +628,10 @@ class EtcdClient:
         data = await self._call("/v3/lease/grant", body)
         return Lease(id=_int(data.get("ID")), ttl=_int(data.get("TTL")))
 
-    async def lease_keepalive(self, lease_id: int) -> int:
+    async def lease_keepalive(self, lease_id: int, *, timeout: float | None = None) -> int:
         """Refresh a lease once; returns its new TTL, raises ``EtcdNotFound`` if it expired."""
-        data = await self._call("/v3/lease/keepalive", {"ID": str(lease_id)})
+        limit: float | Literal["default"] = "default" if timeout is None else timeout
+        data = await self._call("/v3/lease/keepalive", {"ID": str(lease_id)}, timeout=limit)
         ttl = _int(data.get("TTL"))
         if ttl <= 0:
             raise errors.EtcdNotFound(f"lease {lease_id:x} has expired or was revoked; grant a new one")
@@ -610,29 +648,41 @@ class EtcdClient:
 
     @contextlib.asynccontextmanager
     async def lease(self, ttl: int) -> AsyncIterator[Lease]:
-        """A lease kept alive in the background for as long as the block runs, then revoked."""
-        granted = await self.lease_grant(ttl)
-        keeper = asyncio.create_task(self._keep_alive(granted))
-        try:
-            yield granted
-        finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
-            with contextlib.suppress(errors.EtcdNotFound):
-                await self.lease_revoke(granted.id)
+        """A lease kept alive in the background for as long as the block runs, then revoked.
 
-    async def _keep_alive(self, lease: Lease) -> None:
-        interval = max(lease.ttl / 3, 0.5)
-        while True:
-            await asyncio.sleep(interval)
+        If the lease is lost meanwhile (etcd says it expired, or no keep-alive got through
+        within its TTL) the block is cancelled and :class:`~kubeplane.clients.errors.EtcdLeaseLost`
+        raised in its place: whatever the block did under the lease must not carry on without it.
+        """
+        async with self._kept_lease(ttl) as keeper:
+            yield keeper.lease
+
+    @contextlib.asynccontextmanager
+    async def _kept_lease(self, ttl: int) -> AsyncIterator[_LeaseKeeper]:
+        asked = time.monotonic()
+        granted = await self.lease_grant(ttl)
+        keeper = _LeaseKeeper(self, granted, granted_at=asked)
+        try:
+            yield keeper
+        except asyncio.CancelledError:
+            keeper.stop_guarding()
+            if keeper.lost is not None and keeper.withdraw_cancel():
+                # The cancellation was ours alone: turn it into the error that says why.
+                raise keeper.lost from keeper.lost.__cause__
+            raise
+        finally:
+            keeper.stop_guarding()
+            # A block that swallowed our cancellation still must not leave it pending.
+            keeper.withdraw_cancel()
+            await keeper.stopped()
             try:
-                await self.lease_keepalive(lease.id)
+                await self.lease_revoke(granted.id)
+            except errors.EtcdNotFound:
+                pass
             except errors.EtcdError as exc:
-                if not exc.retryable:
-                    log.warning("lease %x is lost: %s", lease.id, exc)
-                    return
-                log.info("retrying error: lease %x keepalive: %s", lease.id, exc)
+                if keeper.lost is None:
+                    raise
+                log.info("lease %x: not revoked (it is lost anyway): %s", granted.id, exc)
 
     # -- locks -----------------------------------------------------------------------------
 
@@ -653,15 +703,20 @@ class EtcdClient:
         """Hold the distributed lock ``name`` for the duration of the block.
 
         The lock hangs on a lease kept alive meanwhile, so a holder that dies releases it
-        after ``ttl`` seconds.
+        after ``ttl`` seconds. A holder that loses the lease (etcd unreachable for longer than
+        ``ttl``, or the lease revoked) no longer holds the lock, since another client may take it: the
+        block is then cancelled and :class:`~kubeplane.clients.errors.EtcdLeaseLost` raised in
+        its place (retryable: take the lock again).
         """
-        async with self.lease(ttl) as granted:
-            key = await self.lock_acquire(name, lease=granted.id, timeout=timeout)
+        async with self._kept_lease(ttl) as keeper:
+            key = await self.lock_acquire(name, lease=keeper.lease.id, timeout=timeout)
             try:
                 yield key
             finally:
-                with contextlib.suppress(errors.EtcdNotFound):
-                    await self.lock_release(key)
+                # A lost lease took the lock key with it (or its revocation will).
+                if keeper.lost is None:
+                    with contextlib.suppress(errors.EtcdNotFound):
+                        await self.lock_release(key)
 
     # -- elections -------------------------------------------------------------------------
 
@@ -708,26 +763,53 @@ class EtcdClient:
     # -- watch -----------------------------------------------------------------------------
 
     async def watch(
-        self, key: bytes, *, start_revision: int | None = None
+        self, key: bytes, *, prefix: bool = False, start_revision: int | None = None
     ) -> AsyncGenerator[list[KeyValue], None]:
         """Yield the changed keys of each watch response for ``key`` (from ``start_revision``).
 
         Deleted keys come as a :class:`KeyValue` with an empty value. Runs until the caller stops
-        iterating; a broken stream raises the mapped :class:`~kubeplane.clients.errors.EtcdError`.
+        iterating; a broken or closed stream raises the mapped
+        :class:`~kubeplane.clients.errors.EtcdError`.
+
+        When the revision the watch needs next has been compacted away, etcd cancels the watch
+        and the changes in between are gone. The watch then reads the key (range) again, yields
+        that current state as one :class:`Relist` batch (whole state, not changes: an absent key
+        is simply not in it) and carries on from the revision of that read.
         """
-        request: dict[str, Any] = {"key": _b64(key)}
-        if start_revision is not None:
-            request["start_revision"] = str(start_revision)
-        async with self._stream("/v3/watch", {"create_request": request}, endpoint=None, timeout=None) as (
-            url,
-            response,
-        ):
-            async for line in response.aiter_lines():
-                if not line.strip():
-                    continue
-                events = _stream_item(line, endpoint=url).get("events")
-                if events:
-                    yield [KeyValue.from_json(event.get("kv", {})) for event in events]
+        revision = start_revision
+        while True:
+            request = _range_body(key, prefix=prefix)
+            if revision is not None:
+                request["start_revision"] = str(revision)
+            compacted = 0
+            async with self._stream(
+                "/v3/watch", {"create_request": request}, endpoint=None, timeout=None
+            ) as (url, response):
+                async for line in response.aiter_lines():
+                    if not line.strip():
+                        continue
+                    item = _stream_item(line, endpoint=url)
+                    if item.get("events"):
+                        changed = [KeyValue.from_json(event.get("kv", {})) for event in item["events"]]
+                        revision = max(kv.mod_revision for kv in changed) + 1
+                        yield changed
+                    if item.get("canceled"):
+                        compacted = _int(item.get("compact_revision"))
+                        if compacted:
+                            break
+                        reason = item.get("cancel_reason") or "no reason given"
+                        raise errors.EtcdError(f"etcd cancelled the watch on {key!r}: {reason}", endpoint=url)
+                else:
+                    raise errors.EtcdUnavailable(f"etcd closed the watch on {key!r}", endpoint=url)
+            log.info(
+                "watch on %r: revision %s was compacted (up to %d); reading the current state",
+                key,
+                revision,
+                compacted,
+            )
+            current = await self.get(key, prefix=prefix)
+            revision = current.revision + 1
+            yield Relist(current.kvs, revision=current.revision, compact_revision=compacted)
 
     # -- cluster ---------------------------------------------------------------------------
 
@@ -778,6 +860,84 @@ class EtcdClient:
                     out.write(chunk)
                     written += len(chunk)
         return written
+
+
+class _LeaseKeeper:
+    """Keeps a lease alive from a background task while a block relies on it.
+
+    Refreshes every third of the TTL, retrying failed refreshes until the lease's deadline (the
+    send time of the last refresh that got through, plus the TTL it returned: etcd may expire
+    the lease from then on). When etcd says the lease is gone or the deadline passes, the lease
+    is *lost*: :attr:`lost` holds the error and the block's task is cancelled, as
+    :func:`asyncio.timeout` does, so the block stops at its next ``await``.
+    """
+
+    def __init__(self, client: EtcdClient, lease: Lease, *, granted_at: float) -> None:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a kept lease needs a running asyncio task")
+        self.client = client
+        self.lease = lease
+        self.lost: errors.EtcdLeaseLost | None = None
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._cancelled = False
+        self._guarding = True
+        self._deadline = granted_at + lease.ttl
+        self._refresher = asyncio.create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        interval = max(self.lease.ttl / 3, 0.5)
+        due = time.monotonic() + interval
+        failure: errors.EtcdError | None = None
+        while True:
+            await asyncio.sleep(max(due - time.monotonic(), 0))
+            sent = time.monotonic()
+            if sent >= self._deadline:
+                why = f"no keep-alive got through within its {self.lease.ttl}s TTL"
+                self._lose(f"{why} (last error: {failure})" if failure else why, failure)
+                return
+            try:
+                limit = min(self._deadline - sent, self.client.timeout)
+                ttl = await self.client.lease_keepalive(self.lease.id, timeout=limit)
+            except errors.EtcdError as exc:
+                if not exc.retryable:
+                    self._lose(str(exc), exc)
+                    return
+                log.info("retrying error: lease %x keepalive: %s", self.lease.id, exc)
+                failure = exc
+                due = min(time.monotonic() + min(interval / 2, 1.0), self._deadline)
+                continue
+            failure = None
+            self._deadline = sent + ttl
+            due = sent + interval
+
+    def _lose(self, why: str, cause: BaseException | None) -> None:
+        lost = errors.EtcdLeaseLost(f"lease {self.lease.id:x} is lost: {why}; the work under it was stopped")
+        lost.__cause__ = cause
+        self.lost = lost
+        log.warning("%s", lost)
+        if self._guarding:
+            self._cancelled = True
+            self._task.cancel(msg=str(lost))
+
+    def stop_guarding(self) -> None:
+        """The block is over: a loss from now on cancels nothing. Stops the refresher."""
+        self._guarding = False
+        self._refresher.cancel()
+
+    def withdraw_cancel(self) -> bool:
+        """Take back our cancellation of the block's task, once; True if nobody else cancelled it."""
+        if not self._cancelled:
+            return False
+        self._cancelled = False
+        return self._task.uncancel() <= self._cancelling
+
+    async def stopped(self) -> None:
+        """Wait for the refresher to finish (without swallowing a cancellation of our own task)."""
+        await asyncio.wait([self._refresher])
+        if not self._refresher.cancelled() and self._refresher.exception() is not None:
+            log.error("lease %x keeper failed", self.lease.id, exc_info=self._refresher.exception())
 
 
 def _describe(exc: httpx.TransportError | ssl.SSLError) -> str:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -251,9 +253,16 @@ def test_stream_error_in_band_is_raised() -> None:
         (
             9,
             "etcdserver: can only promote a learner member which is in sync with leader",
+            errors.EtcdLearnerNotReady,
+            True,
+        ),
+        (
+            9,
+            "etcdserver: too many learner members in cluster",
             errors.EtcdConflict,
             True,
         ),
+        (11, "etcdserver: mvcc: required revision has been compacted", errors.EtcdCompacted, False),
         (3, "etcdserver: key is not provided", errors.EtcdInvalidRequest, False),
         (7, "etcdserver: permission denied", errors.EtcdPermissionDenied, False),
         (12, "something new", errors.EtcdError, False),
@@ -345,3 +354,226 @@ def test_tls_alert_after_handshake_is_a_mapped_error_naming_the_certificate() ->
 def test_client_needs_an_endpoint() -> None:
     with pytest.raises(ValueError, match="at least one endpoint"):
         etcd_client.EtcdClient([])
+
+
+@pytest.mark.parametrize(
+    ("message", "kind", "retryable"),
+    [
+        (
+            "etcdserver: can only promote a learner member which is in sync with leader",
+            errors.EtcdLearnerNotReady,
+            True,
+        ),
+        ("etcdserver: can only promote a learner member", errors.EtcdMemberNotLearner, False),
+    ],
+)
+def test_promotion_refusals_are_typed(message: str, kind: type[errors.EtcdError], retryable: bool) -> None:
+    failure = {"error": message, "message": message, "code": 9}
+    with pytest.raises(kind) as caught:
+        call(answer(failure, status=400), lambda etcd: etcd.member_promote(0x1234))
+    assert type(caught.value) is kind and caught.value.retryable is retryable
+    # Both are conflicts, as before: callers that only knew EtcdConflict still catch them.
+    assert isinstance(caught.value, errors.EtcdConflict)
+
+
+def test_compacted_revision_is_typed() -> None:
+    message = "etcdserver: mvcc: required revision has been compacted"
+    error = etcd_client.error_from_response(
+        status=400, body=json.dumps({"message": message, "code": 11}).encode(), endpoint="e"
+    )
+    assert type(error) is errors.EtcdCompacted and not error.retryable
+
+
+def lines(*items: dict[str, Any]) -> bytes:
+    return b"".join(json.dumps({"result": item}).encode() + b"\n" for item in items)
+
+
+def test_watch_relists_after_compaction_and_resumes_after_the_read() -> None:
+    created = {"header": HEADER, "created": True}
+    compacted = {"header": HEADER, "canceled": True, "compact_revision": "5"}
+    current = {
+        "header": {"revision": "9"},
+        "kvs": [{"key": b64(b"k"), "value": b64(b"now"), "mod_revision": "8"}],
+    }
+    change = {
+        "header": HEADER,
+        "events": [{"kv": {"key": b64(b"k"), "value": b64(b"next"), "mod_revision": "10"}}],
+    }
+    watches: list[dict[str, Any]] = []
+
+    def handler(path: str, body: dict[str, Any]) -> httpx.Response:
+        if path == "/v3/kv/range":
+            return httpx.Response(200, json=current)
+        watches.append(body["create_request"])
+        if len(watches) == 1:
+            return httpx.Response(200, content=lines(created, compacted))
+        return httpx.Response(200, content=lines(created, change))
+
+    async def action(etcd: etcd_client.EtcdClient) -> list[list[etcd_client.KeyValue]]:
+        batches = []
+        async with contextlib.aclosing(etcd.watch(b"k", start_revision=3)) as watch:
+            async for batch in watch:
+                batches.append(batch)
+                if len(batches) == 2:
+                    break
+        return batches
+
+    batches, sent = call(handler, action)
+    relist, changed = batches
+    assert isinstance(relist, etcd_client.Relist)
+    assert [kv.value for kv in relist] == [b"now"]
+    assert (relist.revision, relist.compact_revision) == (9, 5)
+    assert not isinstance(changed, etcd_client.Relist) and [kv.value for kv in changed] == [b"next"]
+    assert watches == [{"key": b64(b"k"), "start_revision": "3"}, {"key": b64(b"k"), "start_revision": "10"}]
+    assert [path for path, _ in sent] == ["/v3/watch", "/v3/kv/range", "/v3/watch"]
+
+
+def test_watch_resumes_after_the_last_event_and_relists_a_prefix() -> None:
+    events = {
+        "header": HEADER,
+        "events": [
+            {"kv": {"key": b64(b"p/a"), "value": b64(b"1"), "mod_revision": "6"}},
+            {"type": "DELETE", "kv": {"key": b64(b"p/b"), "mod_revision": "7"}},
+        ],
+    }
+    compacted = {"header": HEADER, "canceled": True, "compact_revision": "12"}
+    watches: list[dict[str, Any]] = []
+    ranges: list[dict[str, Any]] = []
+
+    def handler(path: str, body: dict[str, Any]) -> httpx.Response:
+        if path == "/v3/kv/range":
+            ranges.append(body)
+            return httpx.Response(200, json={"header": {"revision": "20"}})
+        watches.append(body["create_request"])
+        return httpx.Response(200, content=lines(events, compacted))
+
+    async def action(etcd: etcd_client.EtcdClient) -> list[list[etcd_client.KeyValue]]:
+        watch = etcd.watch(b"p/", prefix=True)
+        async with contextlib.aclosing(watch):
+            return [await anext(watch), await anext(watch)]
+
+    (first, relist), _ = call(handler, action)
+    assert [(kv.key, kv.value) for kv in first] == [(b"p/a", b"1"), (b"p/b", b"")]
+    # Nothing left under the prefix: an empty re-list, which still says "this is all there is".
+    assert isinstance(relist, etcd_client.Relist) and relist == [] and relist.revision == 20
+    assert ranges == [{"key": b64(b"p/"), "range_end": b64(b"p0")}]
+    assert watches == [{"key": b64(b"p/"), "range_end": b64(b"p0")}]
+
+
+def test_watch_cancelled_for_another_reason_or_closed_raises() -> None:
+    cancelled = {"header": HEADER, "canceled": True, "cancel_reason": "permission denied"}
+    with pytest.raises(errors.EtcdError, match="cancelled the watch on b'k': permission denied"):
+        call(
+            lambda path, body: httpx.Response(200, content=lines({"created": True}, cancelled)),
+            lambda etcd: anext(etcd.watch(b"k")),
+        )
+    with pytest.raises(errors.EtcdUnavailable, match="closed the watch"):
+        call(
+            lambda path, body: httpx.Response(200, content=lines({"created": True})),
+            lambda etcd: anext(etcd.watch(b"k")),
+        )
+
+
+GRANT = {"header": HEADER, "ID": "4660", "TTL": "1"}
+
+
+def lease_handler(keepalive: Callable[[], httpx.Response]) -> Handler:
+    def handler(path: str, body: dict[str, Any]) -> httpx.Response:
+        if path == "/v3/lease/grant":
+            return httpx.Response(200, json=GRANT)
+        if path == "/v3/lock/lock":
+            return httpx.Response(200, json={"header": HEADER, "key": b64(b"L/1234")})
+        if path == "/v3/lease/keepalive":
+            return keepalive()
+        return httpx.Response(200, json={"header": HEADER})
+
+    return handler
+
+
+async def hold_lock_forever(etcd: etcd_client.EtcdClient, progress: list[str]) -> None:
+    """Take the lock and wait inside it, for at most 10 s (a deadline, not an expected delay)."""
+    async with asyncio.timeout(10), etcd.lock(b"L", ttl=1):
+        progress.append("in")
+        await asyncio.Event().wait()
+    progress.append("out")
+
+
+def test_lock_body_is_stopped_when_etcd_says_the_lease_expired() -> None:
+    progress: list[str] = []
+    expired = lease_handler(lambda: httpx.Response(200, content=lines({"header": HEADER, "ID": "4660"})))
+    with pytest.raises(errors.EtcdLeaseLost, match=r"lease 1234 is lost: .*expired") as caught:
+        call(expired, lambda etcd: hold_lock_forever(etcd, progress))
+    assert progress == ["in"]
+    assert caught.value.retryable
+    assert isinstance(caught.value.__cause__, errors.EtcdNotFound)
+
+
+def test_lock_body_is_stopped_when_keepalives_fail_for_the_whole_ttl() -> None:
+    progress: list[str] = []
+    sent: list[str] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        if request.url.path == "/v3/lease/keepalive":
+            raise httpx.ConnectError("connection refused", request=request)
+        return lease_handler(lambda: httpx.Response(500))(request.url.path, {})
+
+    async def scenario() -> float:
+        transport = httpx.MockTransport(respond)
+        async with etcd_client.EtcdClient(["http://etcd:2379"], transport=transport) as etcd:
+            started = time.monotonic()
+            try:
+                await hold_lock_forever(etcd, progress)
+            finally:
+                elapsed = time.monotonic() - started
+        return elapsed
+
+    with pytest.raises(errors.EtcdLeaseLost, match=r"no keep-alive got through within its 1s TTL") as caught:
+        asyncio.run(scenario())
+    assert progress == ["in"]
+    assert isinstance(caught.value.__cause__, errors.EtcdUnavailable)
+    # Retried until the lease's deadline, then given up: no unlock (the lock went with the
+    # lease), a revoke attempt for good measure.
+    assert sent.count("/v3/lease/keepalive") >= 2
+    assert "/v3/lock/unlock" not in sent and sent[-1] == "/v3/lease/revoke"
+
+
+def test_a_cancelled_lock_holder_stays_cancelled_and_releases() -> None:
+    sent: list[str] = []
+    alive = lease_handler(
+        lambda: httpx.Response(200, content=lines({"header": HEADER, "ID": "4660", "TTL": "1"}))
+    )
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        return alive(request.url.path, {})
+
+    async def scenario() -> None:
+        progress: list[str] = []
+        transport = httpx.MockTransport(respond)
+        async with etcd_client.EtcdClient(["http://etcd:2379"], transport=transport) as etcd:
+            holder = asyncio.create_task(hold_lock_forever(etcd, progress))
+            async with asyncio.timeout(10):
+                # Two keep-alives in: the lease is healthy, and the holder must not be disturbed.
+                while sent.count("/v3/lease/keepalive") < 2:
+                    await asyncio.sleep(0.05)
+            assert progress == ["in"] and not holder.done()
+            holder.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await holder
+
+    asyncio.run(scenario())
+    assert sent[-2:] == ["/v3/lock/unlock", "/v3/lease/revoke"]
+
+
+def test_a_lease_block_that_ends_normally_keeps_no_refresher() -> None:
+    async def action(etcd: etcd_client.EtcdClient) -> int:
+        async with etcd.lease(1) as granted:
+            pass
+        # Nothing is left running: no task but this one.
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+        return granted.id
+
+    lease_id, sent = call(lease_handler(lambda: httpx.Response(500)), action)
+    assert lease_id == 4660
+    assert [path for path, _ in sent] == ["/v3/lease/grant", "/v3/lease/revoke"]
