@@ -21,6 +21,7 @@ ALL_IDS = [
     "01-csr-approver-role-binding",
     "01-csr-node-bootstrap",
     "01-csr-renewal-role-binding",
+    "01-trustd-discovery",
     "02-kube-system-sa-role-binding",
     "03-default-pod-security-policy",
     "05-flannel",
@@ -115,6 +116,25 @@ def test_csr_rbac_binds_the_groups_bootstrap_tokens_and_nodes_have(
         ]
 
 
+def test_bootstrap_tokens_may_get_only_the_kubernetes_endpoints(
+    manifest_inputs: manifests.ManifestInputs,
+) -> None:
+    role, binding = manifests.render_bootstrap_manifests(manifest_inputs)["01-trustd-discovery"]
+    assert (role["kind"], role["metadata"]["namespace"]) == ("Role", "default")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["endpoints"], "verbs": ["get"], "resourceNames": ["kubernetes"]}
+    ]
+    assert (binding["kind"], binding["metadata"]["namespace"]) == ("RoleBinding", "default")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:bootstrappers"}
+    ]
+
+
 def test_kube_proxy_daemonset(manifest_inputs: manifests.ManifestInputs) -> None:
     objects = manifests.render_bootstrap_manifests(manifest_inputs)["10-kube-proxy"]
     assert [o["kind"] for o in objects] == ["ServiceAccount", "ClusterRoleBinding", "DaemonSet"]
@@ -177,6 +197,8 @@ _MODELS = {
     "Deployment": "V1Deployment",
     "ClusterRole": "V1ClusterRole",
     "ClusterRoleBinding": "V1ClusterRoleBinding",
+    "Role": "V1Role",
+    "RoleBinding": "V1RoleBinding",
 }
 
 

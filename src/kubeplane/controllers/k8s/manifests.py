@@ -4,7 +4,10 @@ Pure functions from `ManifestInputs` to ``{manifest id: [object, ...]}``. The id
 content follow the original system (REFERENCE.md §2 item 8) so people who know it find the same
 things: the kubelet bootstrap token and the RBAC that lets kubelets join and renew, the binding
 for kube-system service accounts, the default PodSecurityPolicy (only for versions that have
-it), flannel, kube-proxy, CoreDNS and the in-cluster kubeconfig kube-proxy uses.
+it), flannel, kube-proxy, CoreDNS and the in-cluster kubeconfig kube-proxy uses. One is
+kubeplane's own: ``01-trustd-discovery`` lets bootstrap tokens read ``Endpoints
+default/kubernetes``, where workers find the control plane nodes to ask trustd (see
+:mod:`kubeplane.api.trustd`).
 
 Ordering is part of the contract: ids sort in apply order, and inside a manifest objects come in
 dependency order (accounts and RBAC, then configuration, then workloads), so rendering the same
@@ -94,6 +97,9 @@ def render_bootstrap_manifests(inputs: ManifestInputs) -> dict[str, list[dict[st
                 [_group("system:nodes")],
             )
         ],
+        # Workers find the control plane nodes' own addresses (trustd signs only the address a
+        # request comes from, so not through a load balancer) in this one object, with the token.
+        "01-trustd-discovery": _trustd_discovery(),
         # The original bound kube-system's default account to cluster-admin so that add-ons
         # deployed there without their own RBAC keep working; kept for compatibility.
         "02-kube-system-sa-role-binding": [
@@ -156,6 +162,21 @@ def _cluster_role_binding(name: str, role: str, subjects: list[dict[str, Any]]) 
 
 def _rule(groups: list[str], resources: list[str], verbs: list[str]) -> dict[str, Any]:
     return {"apiGroups": groups, "resources": resources, "verbs": verbs}
+
+
+def _trustd_discovery() -> list[dict[str, Any]]:
+    """Bootstrap tokens may get ``Endpoints default/kubernetes``: the control plane nodes' addresses."""
+    name = "kubeplane:trustd-discovery"
+    rule = {**_rule([""], ["endpoints"], ["get"]), "resourceNames": ["kubernetes"]}
+    role = {"apiVersion": f"{_RBAC}/v1", "kind": "Role", "metadata": _meta(name, "default"), "rules": [rule]}
+    binding = {
+        "apiVersion": f"{_RBAC}/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(name, "default"),
+        "roleRef": {"apiGroup": _RBAC, "kind": "Role", "name": name},
+        "subjects": [_group(_BOOTSTRAPPERS)],
+    }
+    return [role, binding]
 
 
 def _bootstrap_token_secret(token: str) -> dict[str, Any]:

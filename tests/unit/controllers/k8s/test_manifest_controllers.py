@@ -21,6 +21,7 @@ GUIDE_IDS = [
     "01-csr-approver-role-binding",
     "01-csr-node-bootstrap",
     "01-csr-renewal-role-binding",
+    "01-trustd-discovery",
     "02-kube-system-sa-role-binding",
     "03-default-pod-security-policy",
     "10-kube-proxy",
