@@ -7,8 +7,9 @@ so the rules that protect the cluster are unit-tested on their own:
 - :func:`render_args`: etcd's flags for one control plane node — TLS everywhere (client and
   peer certificates from the etcd secrets directory), client URLs on the node IP and loopback,
   peer URL on the node IP, and the initial cluster only when the data dir is empty.
-- :func:`plan_join`: reuse a member with our name (or our peer URL: a previous attempt that added
-  us but never started), else add one; the ``--initial-cluster`` we must start with.
+- :func:`plan_join`: a joining node's data dir is empty, so a member with our name lost its data:
+  remove it and add us again (as a learner), never restart it under its old ID with an empty log;
+  reuse only a member with our peer URL that never started; the ``--initial-cluster`` we need.
 - :func:`leave_refusal`: removing a member must leave a quorum of healthy members behind.
 - :func:`bootstrap_refusal`: bootstrap happens once per cluster lifetime (no split brain).
 """
@@ -108,10 +109,12 @@ def render_args(
 
 @dataclasses.dataclass(frozen=True)
 class JoinPlan:
-    """How to join: ``reuse`` names the member ID already standing for us (None: add one)."""
+    """How to join: ``reuse`` names the member ID already standing for us (None: add one as a
+    learner); ``remove`` a member of ours that lost its data, to remove before adding."""
 
     reuse: int | None
     initial_cluster: dict[str, str]
+    remove: int | None = None
 
     @property
     def add(self) -> bool:
@@ -121,21 +124,27 @@ class JoinPlan:
 def plan_join(members: Sequence[etcd_client.Member], *, name: str, peer: str) -> JoinPlan:
     """Decide how the node ``name`` with peer URL ``peer`` joins a cluster of ``members``.
 
-    A member with our name is us (a node that lost its data dir, or restarts a join); a member
-    with our peer URL but no name is us too (an earlier attempt added it and died before starting
-    etcd). Other members that never started are left out of the initial cluster: etcd only
-    checks started members against it, and their names are unknown anyway.
+    Only a node whose data dir is empty joins. A member with our name has started (it published
+    its name), so the raft log it acknowledged was in the data dir we lost: started again under
+    that ID with an empty log, etcd panics or diverges. It is removed and we are added anew. A
+    member with our peer URL but no name is us from an earlier attempt that died before etcd
+    started: it never held a log and is reused. Other members that never started are left out
+    of the initial cluster: etcd only checks started members against it, and their names are
+    unknown anyway.
     """
-    ours = next((m for m in members if m.name == name), None)
-    if ours is None:
-        ours = next((m for m in members if not m.name and peer in m.peer_urls), None)
+    lost = next((m for m in members if m.name == name), None)
+    ours = next((m for m in members if not m.name and peer in m.peer_urls), None)
     initial: dict[str, str] = {}
     for member in members:
-        if member is ours or not member.name or not member.peer_urls:
+        if member is ours or member is lost or not member.name or not member.peer_urls:
             continue
         initial[member.name] = member.peer_urls[0]
     initial[name] = peer
-    return JoinPlan(reuse=ours.id if ours is not None else None, initial_cluster=initial)
+    return JoinPlan(
+        reuse=ours.id if ours is not None else None,
+        initial_cluster=initial,
+        remove=lost.id if lost is not None else None,
+    )
 
 
 def quorum(voters: int) -> int:

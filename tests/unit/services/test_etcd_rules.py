@@ -60,12 +60,14 @@ def test_join_adds_a_member_and_lists_started_members_only() -> None:
     assert plan.initial_cluster == {"cp1": "https://10.5.0.2:2380", "cp2": "https://10.5.0.3:2380"}
 
 
-def test_join_reuses_a_member_with_our_name_or_our_unstarted_peer_url() -> None:
+def test_join_replaces_a_member_with_our_name_and_reuses_our_unstarted_peer_url() -> None:
     peer = rules.peer_url("10.5.0.3")
+    # Our name is in the list but we are joining (empty data dir): that member's log is lost.
     by_name = rules.plan_join(
         [member(1, "cp1", "10.5.0.2"), member(7, "cp2", "10.5.0.3")], name="cp2", peer=peer
     )
-    assert (by_name.reuse, by_name.add) == (7, False)
+    assert (by_name.remove, by_name.reuse, by_name.add) == (7, None, True)
+    assert by_name.initial_cluster == {"cp1": "https://10.5.0.2:2380", "cp2": peer}
     by_url = rules.plan_join([member(1, "cp1", "10.5.0.2"), member(8, "", "10.5.0.3")], name="cp2", peer=peer)
     assert by_url.reuse == 8
     assert by_url.initial_cluster == {"cp1": "https://10.5.0.2:2380", "cp2": peer}
