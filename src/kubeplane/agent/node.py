@@ -23,14 +23,18 @@ import ipaddress
 import json
 import logging
 import socket
+import ssl
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from kubeplane import api, config, pki, resources
 from kubeplane.agent import containers as node_containers
 from kubeplane.agent import controllers, selfhosted
+from kubeplane.agent import services as node_services
 from kubeplane.agent.backend import AgentBackend
 from kubeplane.agent.etcd import EtcdMember, EtcdRefused
 from kubeplane.agent.services import NodeServices
@@ -38,6 +42,7 @@ from kubeplane.agent.store import ConfigStore
 from kubeplane.api import trustd
 from kubeplane.clients import errors as client_errors
 from kubeplane.config.paths import NodePaths
+from kubeplane.controllers.k8s import kube_rest
 from kubeplane.resources import catalog
 from kubeplane.runtime import Runtime
 from kubeplane.services import logs as service_logs
@@ -169,6 +174,7 @@ class Node:
                 token=model.machine.token or "",
                 ca=pki.CertKey(cert=os_ca.crt_pem(), key=os_ca.key_pem()),
                 credentials=credentials,
+                endpoint=model.cluster.control_plane.endpoint,
             )
             await trustd_server.start(f"{self._listen_host or '0.0.0.0'}:{trustd.PORT}")  # noqa: S104
             self._trustd = trustd_server
@@ -205,10 +211,11 @@ class Node:
 
     async def _api_credentials(
         self, document: config.MachineConfig
-    ) -> tuple[api.Credentials, api.Credentials]:
+    ) -> tuple[api.Credentials, api.Credentials | None]:
         """Server and proxy certificates for the node API, issued from the OS CA (``machine.ca``).
 
-        Workers hold no CA key: they ask trustd on the control plane, retrying until it answers.
+        Workers hold no CA key: they ask trustd on the control plane, retrying until it answers,
+        and get no proxy certificate (they cannot forward calls to other nodes).
         """
         machine = document.model.machine
         ca = machine.ca
@@ -219,7 +226,7 @@ class Node:
         ips = [n for n in names if _is_ip(n)] + [s for s in sans if _is_ip(s)]
         dns = [n for n in names if not _is_ip(n)] + [s for s in sans if not _is_ip(s)]
         if not ca.key:
-            return await self._credentials_from_trustd(document, dns=dns, ips=ips)
+            return await self._credentials_from_trustd(document), None
         authority = pki.CertKey(cert=ca.crt_pem(), key=ca.key_pem())
         server = pki.issue(
             ca=authority, common_name=self.name, dns_names=dns, ip_addresses=ips, usages=("server",)
@@ -232,31 +239,62 @@ class Node:
             api.Credentials(ca=authority.cert, cert=proxy.cert, key=proxy.key),
         )
 
-    async def _credentials_from_trustd(
-        self, document: config.MachineConfig, *, dns: list[str], ips: list[str]
-    ) -> tuple[api.Credentials, api.Credentials]:
+    async def _credentials_from_trustd(self, document: config.MachineConfig) -> api.Credentials:
+        """A node certificate (O=kubeplane:node, no role) from trustd; see :mod:`kubeplane.api.trustd`.
+
+        The CSR asks for this node's name and, for each trustd target, the one address that target
+        sees the request come from (trustd refuses any other), plus loopback. ``machine.certSANs``
+        are left out: trustd cannot check that a worker owns them.
+        """
         model = document.model
         ca = model.machine.ca
         assert ca is not None
+        if model.machine.cert_sans:
+            log.info(
+                "machine.certSANs (%s) are left out of a worker's node API certificate: trustd signs "
+                "only the node's own name and the address it sees",
+                ", ".join(model.machine.cert_sans),
+            )
         key = pki.generate_key()
-        # One certificate serves the API (server) and proxies calls (client, proxy role).
-        csr = pki.new_csr(
-            key=key, common_name=self.name, organizations=(api.ROLE_PROXY,), dns_names=dns, ip_addresses=ips
-        )
-        targets = trustd.endpoints(model.cluster.control_plane.endpoint)
+        own = [a for a in self._addresses() if _is_ip(a)]
+        dns = [self.name, "localhost"] if not _is_ip(self.name) else ["localhost"]
+
+        def csr(source: str | None) -> bytes:
+            ips = list(dict.fromkeys([*([source] if source else own), "127.0.0.1"]))
+            return pki.new_csr(
+                key=key,
+                common_name=self.name,
+                organizations=(pki.NODE_ORG,),
+                dns_names=dns,
+                ip_addresses=ips,
+            )
+
+        endpoint = model.cluster.control_plane.endpoint
+        token, kubernetes_ca = model.cluster.token, model.cluster.ca
+
+        async def discover() -> list[str]:
+            if not token or kubernetes_ca is None or not kubernetes_ca.crt:
+                raise trustd.TrustdError(
+                    "the config has no cluster.token or cluster.ca to read Endpoints with"
+                )
+            return await control_plane_addresses(endpoint=endpoint, token=token, ca=kubernetes_ca.crt_pem())
+
         delay = 1.0
         while True:
             try:
                 crt = await trustd.request_certificate(
-                    targets=targets, token=model.machine.token or "", csr=csr, ca=ca.crt_pem()
+                    targets=trustd.endpoints(endpoint),
+                    token=model.machine.token or "",
+                    csr=csr,
+                    ca=ca.crt_pem(),
+                    discover=discover,
                 )
                 break
             except trustd.TrustdError as exc:
                 log.warning("waiting for the node API certificate from trustd: %s", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
-        credentials = api.Credentials(ca=ca.crt_pem(), cert=crt, key=key)
-        return credentials, credentials
+        return api.Credentials(ca=ca.crt_pem(), cert=crt, key=key)
 
     def _after_reply(self, action: Callable[[], Awaitable[None]]) -> None:
         async def later() -> None:
@@ -521,6 +559,29 @@ class Node:
         else:
             for line in await asyncio.to_thread(service_logs.tail, path, lines):
                 yield node_containers.cri_message(line)
+
+
+async def control_plane_addresses(*, endpoint: str, token: str, ca: bytes, timeout: float = 5.0) -> list[str]:
+    """The control plane nodes' addresses: ``Endpoints default/kubernetes`` read at ``endpoint``.
+
+    Authenticates with the bootstrap token (``cluster.token``); the bootstrap manifest
+    ``01-trustd-discovery`` lets bootstrap tokens get that one object. Raises TrustdError.
+    """
+    kubeconfig = node_services.bootstrap_kubeconfig(
+        server=endpoint, ca=ca, token=token, cluster_name="cluster"
+    )
+    url = f"{endpoint.rstrip('/')}{trustd.ENDPOINTS_PATH}"
+    try:
+        async with kube_rest.KubeRest(kubeconfig, timeout=timeout) as rest:
+            response = await rest.request("GET", trustd.ENDPOINTS_PATH)
+    except (kube_rest.KubeApiError, ssl.SSLError) as exc:
+        raise trustd.TrustdError(f"GET {url}: {exc}") from exc
+    if response.status_code != httpx.codes.OK:
+        raise trustd.TrustdError(f"GET {url}: {kube_rest.error_message(response)}")
+    try:
+        return trustd.endpoint_addresses(response.json())
+    except ValueError as exc:
+        raise trustd.TrustdError(f"GET {url}: the answer is not JSON: {exc}") from exc
 
 
 def _is_ip(value: str) -> bool:

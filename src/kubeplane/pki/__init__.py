@@ -12,7 +12,8 @@ decide where they are stored. Modules:
 ECDSA P-256 is the default key algorithm; RSA 2048/4096 and Ed25519 are accepted everywhere.
 
 Node API roles travel in the client certificate's Organization: :data:`ROLE_ADMIN` may do
-everything, :data:`ROLE_READER` only read.
+everything, :data:`ROLE_READER` only read; :data:`NODE_ORG` (worker certificates from trustd) is
+no role.
 
 Exceptions (all from :mod:`kubeplane.pki.errors`)::
 
@@ -65,11 +66,14 @@ ROLE_ADMIN = "kubeplane:admin"
 #: Organization of node API client certificates allowed read-only calls.
 ROLE_READER = "kubeplane:reader"
 ROLES = (ROLE_ADMIN, ROLE_READER)
+#: Organization of the worker node certificates trustd signs: a node identity, deliberately no role.
+NODE_ORG = "kubeplane:node"
 
 __all__ = [
     "AGGREGATOR_CA_CN",
     "BOOTSTRAP_TOKEN_RE",
     "KEY_ALGORITHMS",
+    "NODE_ORG",
     "ROLES",
     "ROLE_ADMIN",
     "ROLE_READER",

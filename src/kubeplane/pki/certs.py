@@ -178,8 +178,17 @@ def sign_csr(
     usages: Iterable[Usage] = ("server", "client"),
     lifetime: timedelta = LEAF_LIFETIME,
     now: datetime | None = None,
+    common_name: str | None = None,
+    organizations: Iterable[str] = (),
+    dns_names: Iterable[str] = (),
+    ip_addresses: Iterable[str] = (),
 ) -> bytes:
-    """Sign a CSR with ``ca``, keeping the subject and SANs it asks for; returns the PEM certificate."""
+    """Sign a CSR with ``ca``; returns the PEM certificate.
+
+    Without ``common_name`` the certificate keeps the subject and SANs the CSR asks for. With it
+    the signer decides: the subject is ``common_name``/``organizations``, the SANs are exactly
+    ``dns_names``/``ip_addresses``, and only the CSR's public key is used.
+    """
     try:
         request = x509.load_pem_x509_csr(csr)
     except ValueError as exc:
@@ -197,9 +206,14 @@ def sign_csr(
         raise errors.UnsupportedAlgorithmError(
             f"CSR key type {type(public_key).__name__} is not supported: use ECDSA, RSA or Ed25519"
         )
+    subject = request.subject
+    if common_name is not None:
+        _require_name(common_name)
+        subject = _name(common_name, tuple(organizations))
+        san = _san(dns_names, ip_addresses)
     return _sign_leaf(
         ca=ca,
-        subject=request.subject,
+        subject=subject,
         public_key=public_key,
         san=san,
         usages=usages,
