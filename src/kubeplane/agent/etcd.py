@@ -12,8 +12,22 @@ How the service starts (``pre_start``, once per start request; crashes just resp
    single-member cluster, first restoring a snapshot when the bootstrap asked to recover one;
 4. otherwise join: ask the control plane endpoint for ``Endpoints default/kubernetes`` with a
    one-hour ``system:masters`` certificate signed by the cluster CA, open an etcd client to
-   those addresses, reuse our member or ``MemberAdd`` one, start with
+   those addresses, add our member as a learner (:func:`join`), start with
    ``initial-cluster-state=existing``. Every failed attempt is a service event and is retried.
+
+Membership rules (the pure decision is :func:`kubeplane.services.etcd.plan_join`):
+
+- **New members join as learners** (``MemberAdd`` with ``isLearner``): a learner receives the
+  log but does not vote, so a member that is slow to start or catch up never costs the cluster
+  its quorum. The health check promotes it (``MemberPromote``, sent to the members it joined
+  through, since a learner serves no cluster calls): etcd refuses while the learner is behind
+  (``EtcdLearnerNotReady``), the check reports "catching up" and the next one asks again, until
+  etcd accepts. The node's etcd counts as healthy only once it votes.
+- **A member whose data dir was lost is removed and re-added.** A joining node's data dir is
+  empty by definition, so a member listed under our name has lost the raft log it acknowledged;
+  started again under that ID with an empty log, etcd panics or diverges. It is removed and we
+  join again as a new learner. Only a member with our peer URL that never started (no name: an
+  earlier attempt died before etcd ran) is reused, having never held a log.
 
 The bootstrap marker (``system/etcd-bootstrap``: ``requested`` then ``done`` once etcd answered
 a quorum read) is what makes bootstrap happen once: a node that was bootstrapped and lost its
@@ -92,6 +106,8 @@ class EtcdMember:
         self.certs = etcd_rules.EtcdCerts.under(paths.secrets / "etcd")
         self._args: list[str] | None = None
         self._join_started: float | None = None
+        # Client URLs of the members we joined through: where a learner asks for its promotion.
+        self._voters: list[str] | None = None
 
     # -- files ------------------------------------------------------------------------------
 
@@ -208,16 +224,11 @@ class EtcdMember:
             raise EtcdNotReady(f"control plane endpoint not up yet{patience}: {_describe(exc)}") from exc
         async with self.client(endpoints) as client:
             try:
-                members = await client.member_list()
-                plan = etcd_rules.plan_join(members, name=self.name, peer=peer)
-                if plan.add:
-                    added = await client.member_add([peer])
-                    log.info("etcd: added member %x with peer URL %s", added.id, peer)
-                else:
-                    log.info("etcd: reusing member %x", plan.reuse or 0)
+                plan = await join(client, name=self.name, peer=peer)
             except client_errors.EtcdError as exc:
                 raise EtcdNotReady(f"joining etcd at {', '.join(endpoints)}{patience}: {exc}") from exc
         self._join_started = None
+        self._voters = endpoints
         return plan
 
     async def discover(self) -> list[str]:
@@ -262,10 +273,29 @@ class EtcdMember:
 
     async def _health(self) -> None:
         async with self.client() as client:
+            status = await client.status()
+            if status.is_learner:
+                await self._promote(status.member_id)
             # A range request is linearizable by default: it needs the leader and a quorum.
             await client.get(b"kubeplane:v1:health")
         if self.bootstrap_state() == "requested":
             write_atomic(self.marker, "done\n")
+
+    async def _promote(self, member_id: int) -> None:
+        """Ask the voting members to promote our learner; EtcdNotReady while it catches up."""
+        endpoints = self._voters or await self.discover()
+        async with self.client(endpoints) as voters:
+            try:
+                await promote(voters, member_id)
+            except client_errors.EtcdLearnerNotReady as exc:
+                raise EtcdNotReady(
+                    f"etcd learner {member_id:x} is catching up with the leader; promotion is retried: {exc}"
+                ) from exc
+            except client_errors.EtcdUnavailable:
+                # The members we joined through may be gone: ask the control plane next time.
+                self._voters = None
+                raise
+        log.info("etcd: learner %x promoted to a voting member", member_id)
 
     # -- operations -------------------------------------------------------------------------
 
@@ -387,6 +417,40 @@ class EtcdMember:
             while (chunk := await queue.get()) is not None:
                 yield chunk
             await task
+
+
+async def join(client: etcd_client.EtcdClient, *, name: str, peer: str) -> etcd_rules.JoinPlan:
+    """Make room for the node ``name`` (empty data dir, peer URL ``peer``) in the cluster.
+
+    Carries out :func:`~kubeplane.services.etcd.plan_join`: removes a member of ours that lost
+    its data, adds us as a learner unless an unstarted member of ours can be reused. Safe to
+    repeat after any failure: each step re-reads the member list.
+    """
+    plan = etcd_rules.plan_join(await client.member_list(), name=name, peer=peer)
+    if plan.remove is not None:
+        log.warning(
+            "etcd: member %x is named %s but this node's data dir is empty: removing it to join anew",
+            plan.remove,
+            name,
+        )
+        with contextlib.suppress(client_errors.EtcdNotFound):
+            await client.member_remove(plan.remove)
+    if plan.add:
+        added = await client.member_add([peer], learner=True)
+        log.info("etcd: added learner %x with peer URL %s", added.id, peer)
+    else:
+        log.info("etcd: reusing member %x, which never started", plan.reuse or 0)
+    return plan
+
+
+async def promote(client: etcd_client.EtcdClient, member_id: int) -> None:
+    """Promote learner ``member_id`` to a voting member (a member that votes already is done).
+
+    Raises :class:`~kubeplane.clients.errors.EtcdLearnerNotReady` (retryable) while the learner
+    has not caught up with the leader.
+    """
+    with contextlib.suppress(client_errors.EtcdMemberNotLearner):
+        await client.member_promote(member_id)
 
 
 def _describe(exc: BaseException) -> str:
