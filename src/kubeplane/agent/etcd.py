@@ -51,10 +51,10 @@ from typing import Any
 import httpx
 
 from kubeplane import config, pki
-from kubeplane.agent.store import write_atomic
 from kubeplane.clients import errors as client_errors
 from kubeplane.clients import etcd as etcd_client
 from kubeplane.config.paths import NodePaths
+from kubeplane.fileio import write_atomic
 from kubeplane.services import etcd as etcd_rules
 from kubeplane.services import process, supervisor
 

@@ -1,7 +1,8 @@
 """Persistence of the machine config: the applied config and the staged one.
 
-Writes are atomic (temporary file, fsync, rename, fsync of the directory), so a node killed with
-SIGKILL at any instant finds either the old or the new file on restart, never a torn one.
+Writes go through :func:`kubeplane.fileio.write_atomic` (mode 0600: configs hold private keys), so
+a node killed with SIGKILL at any instant finds either the old or the new file on restart, never a
+torn one.
 """
 
 from __future__ import annotations
@@ -10,26 +11,8 @@ import contextlib
 import os
 from pathlib import Path
 
-from kubeplane import config
+from kubeplane import config, fileio
 from kubeplane.config.paths import NodePaths
-
-
-def write_atomic(path: Path, data: str, *, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data`` so readers see the old or the new content, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, data.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 class ConfigStore:
@@ -46,10 +29,10 @@ class ConfigStore:
         return self._load(self._paths.staged_config)
 
     def save(self, document: config.MachineConfig) -> None:
-        write_atomic(self._paths.config, document.to_yaml())
+        self._write(self._paths.config, document)
 
     def stage(self, document: config.MachineConfig) -> None:
-        write_atomic(self._paths.staged_config, document.to_yaml())
+        self._write(self._paths.staged_config, document)
 
     def promote_staged(self) -> bool:
         """Make the staged config the applied one (at reboot); False when nothing was staged."""
@@ -62,6 +45,11 @@ class ConfigStore:
     def discard_staged(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._paths.staged_config.unlink()
+
+    @staticmethod
+    def _write(path: Path, document: config.MachineConfig) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fileio.write_atomic(path, document.to_yaml(), mode=fileio.SECRET_MODE)
 
     @staticmethod
     def _load(path: Path) -> config.MachineConfig | None:

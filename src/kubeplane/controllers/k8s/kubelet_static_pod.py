@@ -2,8 +2,9 @@
 the kubelet's view of them → ``controlplane/StaticPodStatuses``.
 
 Files are ``kubeplane-<id>.yaml`` in ``paths.kubelet_manifests``. The kubelet restarts a static
-pod whenever its file changes, so a file is written only when its bytes differ, atomically (a
-hidden temporary file renamed over it, which the kubelet ignores because of the leading dot).
+pod whenever its file changes, so a file is written only when its bytes differ, atomically with
+mode 0600 (:func:`kubeplane.fileio.write_if_changed`: a hidden temporary file renamed over it,
+which the kubelet ignores because of the leading dot).
 A StaticPod being torn down loses its file before this controller lets go of its finalizer
 (``StaticPods`` is a strong input), so the pod is never destroyed while it still runs; files with
 the prefix that match no StaticPod are strays from an earlier run and are removed.
@@ -20,12 +21,11 @@ up yet is normal during boot: it is logged at debug level and the last statuses 
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 import httpx
 
+from kubeplane import fileio
 from kubeplane.config.paths import NodePaths
 from kubeplane.controllers.k8s import outputs, render
 from kubeplane.resources import Phase, catalog
@@ -40,12 +40,6 @@ _CONFIG_SOURCE = "kubernetes.io/config.source"
 def manifest_name(static_pod_id: str) -> str:
     """The file name of a StaticPod in the kubelet manifest directory."""
     return f"{FILE_PREFIX}{static_pod_id}.yaml"
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_bytes(data)
-    os.replace(temporary, path)
 
 
 class KubeletStaticPodController:
@@ -114,10 +108,9 @@ class KubeletStaticPodController:
         self.directory.mkdir(parents=True, exist_ok=True)
         for name, data in wanted.items():
             path = self.directory / name
-            if path.is_file() and path.read_bytes() == data:
-                continue
-            ctx.logger.info("writing static pod %r", str(path))
-            _write_atomically(path, data)
+            # 0600 as the original writes them: only the kubelet (root) needs to read a pod spec.
+            if fileio.write_if_changed(path, data, mode=fileio.SECRET_MODE):
+                ctx.logger.info("wrote static pod %r", str(path))
         for path in sorted(self.directory.glob(f"{FILE_PREFIX}*.yaml")):
             if path.name not in wanted:
                 ctx.logger.info("removing static pod %r", str(path))

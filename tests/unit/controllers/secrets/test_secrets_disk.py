@@ -34,12 +34,13 @@ def test_unchanged_bytes_are_not_rewritten_but_a_wrong_mode_is_fixed(tmp_path: P
 
 
 def test_a_read_only_leftover_from_an_interrupted_write_does_not_block(tmp_path: Path) -> None:
+    # Older versions used one fixed temporary name; temporary names are unique now.
     leftover = tmp_path / ".key.tmp"
     leftover.write_bytes(b"half")
     leftover.chmod(0o400)
-    assert disk.write_file(tmp_path / "key", b"whole", mode=0o400)
+    assert disk.write_files(tmp_path, {"key": (b"whole", 0o400)})
     assert (tmp_path / "key").read_bytes() == b"whole"
-    assert not leftover.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".key.tmp", "key"]
 
 
 def test_a_loose_directory_mode_is_tightened(tmp_path: Path) -> None:
