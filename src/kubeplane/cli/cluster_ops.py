@@ -7,6 +7,7 @@
   snapshot file the node restores before starting.
 - ``kubeconfig [DIR|FILE]`` writes the admin kubeconfig the node hands out (default: the current
   directory's ``kubeconfig``); ``--merge`` merges it into an existing file, ``--force`` overwrites.
+  It and ``etcd snapshot``'s file are written atomically with mode 0600 (:mod:`kubeplane.fileio`).
 - ``containers -k`` lists the node's Kubernetes (CRI) containers; ``logs -k NS/POD:CONTAINER``
   lives with ``logs`` in :mod:`kubeplane.cli.node`.
 """
@@ -14,11 +15,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import click
 import yaml
 
+from kubeplane import fileio
 from kubeplane.api import NodeClient
 from kubeplane.cli import connect, output
 
@@ -139,24 +141,20 @@ def snapshot(*, path: Path) -> None:
     """Save a consistent etcd snapshot of the node to PATH."""
     target = connect.resolve(connect.options())
     _one_node(target, "etcd snapshot")
-    partial = path.with_name(f".{path.name}.part")
 
-    async def scenario() -> int:
+    async def scenario(out: BinaryIO) -> int:
         written = 0
         async with connect.client(target) as node_client:
-            with partial.open("wb") as out:
-                async for reply in node_client.etcd_snapshot():
-                    chunk = reply.unwrap()
-                    out.write(chunk)
-                    written += len(chunk)
+            async for reply in node_client.etcd_snapshot():
+                chunk = reply.unwrap()
+                out.write(chunk)
+                written += len(chunk)
         return written
 
-    try:
-        size = connect.run(scenario(), target=target)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    partial.replace(path)
+    # The snapshot holds every Kubernetes secret: 0600 from the first byte; a failed or interrupted
+    # transfer leaves no partial file and an existing PATH as it was.
+    with fileio.atomic_open(path, mode=fileio.SECRET_MODE) as out:
+        size = connect.run(scenario(out), target=target)
     click.echo(f"etcd snapshot saved to {path} ({size} bytes)")
 
 
@@ -177,9 +175,9 @@ def kubeconfig(*, destination: Path | None, force: bool, merge: bool) -> None:
         text = merge_kubeconfigs(path.read_text(), text)
     elif path.exists() and not force:
         raise click.ClickException(f"{path} exists: pass --force to overwrite it or --merge to merge into it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    path.chmod(0o600)
+    path.parent.mkdir(mode=fileio.PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    # Replace the file a symlink points to (~/.kube/config is often one), not the symlink itself.
+    fileio.write_atomic(path.resolve(), text, mode=fileio.SECRET_MODE)
     click.echo(f"admin kubeconfig written to {path}")
 
 

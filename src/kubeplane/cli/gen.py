@@ -8,24 +8,24 @@ The PKI commands follow the admin certificate renewal flow of the original's PKI
 
 Every command refuses to overwrite an existing output file unless ``--force`` is given, and checks
 all of its outputs before writing any, so a refused run leaves nothing half-written. Files that hold
-private keys (including machine configs and client configs) are written with mode 0600.
+private keys (including machine configs and client configs) are written with mode 0600, atomically
+and with that mode from the start (:mod:`kubeplane.fileio`); an overwritten file gets the new mode.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
 import click
 
-from kubeplane import pki
+from kubeplane import fileio, pki
 from kubeplane.config import client, defaults
 from kubeplane.config import generate as gen_config
 
-_PRIVATE = 0o600
-_PUBLIC = 0o644
+_PRIVATE = fileio.SECRET_MODE
+_PUBLIC = fileio.PUBLIC_MODE
 _FORCE_HELP = "Overwrite existing output files."
 
 
@@ -52,13 +52,9 @@ def write_files(files: Sequence[tuple[Path, bytes, int]], *, force: bool) -> Non
                 "pass --force to overwrite or choose another output"
             )
     for path, content, mode in files:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Open with the final mode so a key is never readable by others, even before chmod;
-        # the chmod covers files that already existed with looser permissions.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(content)
-        path.chmod(mode)
+        # A missing output directory will hold keys: only its owner may enter it.
+        path.parent.mkdir(mode=fileio.PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+        fileio.write_atomic(path, content, mode=mode)
         click.echo(f"created {path}")
 
 

@@ -23,14 +23,13 @@ import base64
 import binascii
 import dataclasses
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from kubeplane import pki
+from kubeplane import fileio, pki
 
 ENV_VAR = "KUBEPLANECONFIG"
 DEFAULT_PATH = Path("~/.kubeplane/config")
@@ -110,19 +109,9 @@ def load(path: str | os.PathLike[str]) -> ClientConfig:
 def save(config: ClientConfig, path: str | os.PathLike[str]) -> None:
     """Write atomically with mode 0600 (it holds a private key); the directory is created 0700 if missing."""
     target = Path(path)
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    # mkstemp creates the file 0600, so the key is never readable by others, not even briefly;
-    # os.replace makes readers see either the old or the new file, never a half-written one.
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(dumps(config))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    target.parent.mkdir(mode=fileio.PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    # 0600 from the first byte, and readers see either the old or the new file, never a torn one.
+    fileio.write_atomic(target, dumps(config), mode=fileio.SECRET_MODE)
 
 
 # --- (de)serialisation ------------------------------------------------------------------------
