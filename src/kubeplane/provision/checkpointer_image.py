@@ -177,7 +177,7 @@ class Builder:
                     "size": size,
                     "image_id": image_id,
                 }
-                toolchain.atomic_write_bytes(self.stamp, (json.dumps(info, indent=2) + "\n").encode())
+                toolchain.write_public(self.stamp, (json.dumps(info, indent=2) + "\n").encode())
                 with log.open("a") as handle:
                     handle.write(f"packed {spec.ref} ({size} bytes) -> {self.archive}\n")
             return CheckpointerImage(spec.ref, self.archive, size)

@@ -50,7 +50,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kubeplane import api
+from kubeplane import api, fileio
 from kubeplane import config as config_mod
 from kubeplane.agent import services as agent_services
 from kubeplane.api import trustd as trustd_api
@@ -72,6 +72,7 @@ AGENT = "kubeplaned"
 AGENT_PORT = api.DEFAULT_PORT
 #: The cluster's own metadata beside the state file (endpoint, client config it was merged into).
 META_FILE = "cluster.json"
+SECRETS_FILE = "secrets.yaml"
 #: Host tools a cluster needs besides the toolchain (Debian package in parentheses).
 HOST_TOOLS = {
     "haproxy": "haproxy",
@@ -357,9 +358,20 @@ class ClusterMeta:
 
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".{META_FILE}.tmp"
-        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
-        os.replace(tmp, directory / META_FILE)
+        text = json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+        fileio.write_atomic(directory / META_FILE, text, mode=fileio.PUBLIC_MODE)
+
+
+def write_secrets_bundle(directory: Path, bundle: gen.SecretsBundle) -> Path:
+    """``secrets.yaml`` (the cluster's CAs, keys and tokens), atomically and 0600 from the first byte."""
+    path = directory / SECRETS_FILE
+    fileio.write_atomic(path, gen.dump_yaml(gen.secrets_to_dict(bundle)), mode=fileio.SECRET_MODE)
+    return path
+
+
+def write_kubeconfig(path: Path, text: str) -> None:
+    """The admin kubeconfig (cluster-admin credentials), atomically and 0600 from the first byte."""
+    fileio.write_atomic(path, text, mode=fileio.SECRET_MODE)
 
 
 # -- create ----------------------------------------------------------------------------------
@@ -461,8 +473,7 @@ def create(
         endpoint=cluster_plan.endpoint, kubernetes_version=cluster_plan.request.kubernetes_version
     )
     meta.save(cluster.directory)
-    (cluster.directory / "secrets.yaml").write_text(gen.dump_yaml(gen.secrets_to_dict(cluster_plan.secrets)))
-    (cluster.directory / "secrets.yaml").chmod(0o600)
+    write_secrets_bundle(cluster.directory, cluster_plan.secrets)
     steps = steps_mod.Steps(cluster.directory / "logs", progress)
     roles = {node.name: node.role for node in cluster_plan.nodes}
 
@@ -550,8 +561,7 @@ def create(
             what=f"fetching the admin kubeconfig from {first.name}",
             hint=node_hint(first),
         )
-        kubeconfig_path.write_text(text)
-        kubeconfig_path.chmod(0o600)
+        write_kubeconfig(kubeconfig_path, text)
         meta.kubeconfig = str(kubeconfig_path)
         meta.save(cluster.directory)
 

@@ -49,6 +49,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from kubeplane import fileio
 from kubeplane.provision import images as images_mod
 from kubeplane.provision import steps as steps_mod
 
@@ -192,7 +193,7 @@ class Stamp:
             "source_package": self.source_package,
             "artifacts": dict(sorted(self.artifacts.items())),
         }
-        atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())
+        write_public(path, (json.dumps(data, indent=2) + "\n").encode())
 
     def record(self, root: Path, rel: str) -> None:
         path = root / rel
@@ -211,30 +212,17 @@ class Stamp:
         return good
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def write_public(path: Path, data: bytes) -> None:
+    """Write a cache file every user may read (0644), atomically; missing parents are created."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    fileio.write_atomic(path, data, mode=fileio.PUBLIC_MODE)
 
 
 def atomic_copy(src: Path, dest: Path) -> None:
+    """Copy an executable into place atomically, 0755 (every user may run the built binaries)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        os.chmod(tmp, 0o755)  # noqa: S103 - executables every user may run
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with src.open("rb") as source, fileio.atomic_open(dest, mode=fileio.EXECUTABLE_MODE) as out:
+        shutil.copyfileobj(source, out)
 
 
 def expected_artifacts() -> list[str]:
@@ -498,7 +486,7 @@ class _Build:
         }
         # parse_version() admits only [0-9A-Za-z.-], so single quotes need no escaping.
         path = self.tc.cache_dir / "src" / f"version-{self.paths.version}.env"
-        atomic_write_bytes(path, "".join(f"{key}='{value}'\n" for key, value in values.items()).encode())
+        write_public(path, "".join(f"{key}='{value}'\n" for key, value in values.items()).encode())
         return path
 
     def _build(self, stamp: Stamp) -> None:
@@ -682,5 +670,5 @@ def ensure_deb_src(apt_dir: Path) -> bool:
     content = deb_src_entries(apt_dir)
     if target.is_file() and target.read_text() == content:
         return False
-    atomic_write_bytes(target, content.encode())
+    write_public(target, content.encode())
     return True
