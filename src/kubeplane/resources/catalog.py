@@ -22,6 +22,24 @@ Services (etcd, kubelet)        runtime       ``running``, ``healthy``, ``unknow
 NodeAddresses (current)         network       ``hostname``, ``addresses`` (published by the agent)
 ==============================  ============  ================================================
 
+Sensitivity. A type is ``sensitive`` (only the admin role may get, list or watch it) when any of
+its resources may hold key material, a token, a kubeconfig with credentials, or content the user
+wrote that may hold either. The reader role sees every other type in full, so a type is only left
+readable when none of its resources can carry a secret:
+
+- sensitive: MachineConfigs (the whole config: CA keys, tokens), RootSecrets, EtcdSecrets and
+  KubernetesSecrets (PEM keys, tokens, kubeconfigs), Manifests (the bootstrap token Secret and
+  any inline or downloaded manifest, which may hold Secrets) and KubernetesControlPlaneConfigs
+  (``extra-manifests`` holds ``cluster.extraManifestHeaders``, e.g. an Authorization header, and
+  the inline manifests' contents);
+- readable: MachineTypes, SecretStatuses (a readiness flag and a version, no secret),
+  StaticPods (pods reference their secrets by file path only), StaticPodStatuses,
+  ManifestStatuses (manifest ids and apply errors, which name objects), BootstrapStatuses,
+  Services, NodeAddresses, and the ``meta`` types (definitions and namespaces).
+
+Readers have no need for the sensitive types: ManifestStatuses tell which manifests were applied,
+StaticPods show what each component runs.
+
 SecretStatuses live in ``controlplane`` (not ``secrets``): they carry no secret, only the
 readiness the static pod controller waits on, so a reader-role client may see them.
 """
@@ -211,6 +229,7 @@ DEFINITIONS = (
         display_type="Manifest",
         default_namespace=CONTROLPLANE_NAMESPACE,
         spec_type=ManifestSpec,
+        sensitive=True,
     ),
     ResourceDefinition(
         type=MANIFEST_STATUSES,
@@ -233,6 +252,7 @@ DEFINITIONS = (
         display_type="KubernetesControlPlaneConfig",
         default_namespace=CONFIG_NAMESPACE,
         spec_type=KubernetesControlPlaneConfigSpec,
+        sensitive=True,
     ),
     ResourceDefinition(
         type=MACHINE_CONFIGS,
