@@ -2,11 +2,25 @@
 
 Roles travel in the client certificate's Organization (O). ``kubeplane:admin`` may make every
 call; ``kubeplane:reader`` only calls whose table entry says ``access="read"``, and never on a
-resource type the node flags as sensitive. ``kubeplane:proxy`` is the certificate a node uses to
-forward calls: it grants nothing by itself, but a proxy peer may state the original caller's
-role in :data:`~kubeplane.api.wire.MD_ROLE`, and only a proxy peer is believed when it does.
-A certificate with several known organizations gets the most privileged one; a certificate with
-none is refused.
+resource type the node flags as sensitive (see :mod:`kubeplane.resources.catalog` for which types
+are, and why). ``kubeplane:proxy`` is the certificate a node uses to forward calls: it grants
+nothing by itself, but a proxy peer states the original caller's role in
+:data:`~kubeplane.api.wire.MD_ROLE`, and only a proxy peer is believed when it does (from anyone
+else the header is ignored and their own certificate decides). A certificate with several known
+organizations gets the most privileged one, except that ``kubeplane:proxy`` must stand alone: a
+certificate mixing it with another role is refused, so what a call runs as never depends on
+whether a header happened to be sent. A certificate with no known role is refused; that includes
+the worker certificates trustd signs (O=:data:`NODE_ORG`), which identify a node's API server and
+grant no API role.
+
+Trust model of proxying. A proxy certificate is as powerful as an admin certificate: whoever holds
+one can state ``kubeplane:admin`` and every node believes it. So it is only ever issued to control
+plane nodes, by themselves, from the OS CA key in their machine config (worker configs carry no CA
+key), and it must never be obtainable through trustd, which signs for anyone who knows the
+machine token. What a proxy cannot do is raise a call above the role it states: the target serves
+a forwarded call with exactly that role, checks resource sensitivity itself, and never forwards
+it again. A forwarding node states the role its own caller was given, so a reader's call proxied
+through any node is a reader's call on every target.
 
 The maintenance server has no CA yet, so it presents a self-signed certificate made on the fly
 and the insecure client trusts whatever certificate the server presents (the original's
@@ -16,6 +30,7 @@ and the insecure client trusts whatever certificate the server presents (the ori
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -32,12 +47,16 @@ ROLE_ADMIN = pki.ROLE_ADMIN
 ROLE_READER = pki.ROLE_READER
 #: Organization of the certificate a node forwards proxied calls with.
 ROLE_PROXY = "kubeplane:proxy"
+#: Organization of the worker node certificates trustd signs; deliberately not a role (see Identity.roles).
+NODE_ORG = pki.NODE_ORG
 #: Pseudo-role of every caller of a maintenance-mode server (no client certificates there).
 ROLE_MAINTENANCE = "maintenance"
 
 Role = Literal["kubeplane:admin", "kubeplane:reader", "kubeplane:proxy", "maintenance"]
 #: Roles a proxy may pass on, most privileged first.
 CALLER_ROLES: tuple[str, ...] = (ROLE_ADMIN, ROLE_READER)
+#: Organizations that are roles, most privileged first (a proxy is as powerful as an admin).
+KNOWN_ROLES: tuple[str, ...] = (ROLE_ADMIN, ROLE_PROXY, ROLE_READER)
 
 #: Name the maintenance certificate is issued for; the insecure client connects to it by this name.
 MAINTENANCE_NAME = "kubeplane-maintenance"
@@ -66,12 +85,18 @@ class Identity:
     organizations: tuple[str, ...]
 
     @property
-    def role(self) -> str | None:
-        """The most privileged known role among the organizations, None if there is none."""
-        for role in (ROLE_ADMIN, ROLE_PROXY, ROLE_READER):
-            if role in self.organizations:
-                return role
-        return None
+    def roles(self) -> tuple[str, ...]:
+        """The known roles among the organizations, most privileged first."""
+        return tuple(role for role in KNOWN_ROLES if role in self.organizations)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """What a call runs as: the role, and whether a proxy forwarded it (then it is served
+    locally and never forwarded again)."""
+
+    role: str
+    forwarded: bool = False
 
 
 @functools.lru_cache(maxsize=256)
@@ -86,27 +111,42 @@ def identity_from_pem(cert_pem: bytes) -> Identity:
     )
 
 
-def effective_role(identity: Identity, claimed: str | None) -> str:
+def caller(identity: Identity, claimed: Sequence[str] = ()) -> Caller:
     """The role a call runs with; raises PermissionDeniedError with the reason when there is none.
 
-    ``claimed`` is the :data:`~kubeplane.api.wire.MD_ROLE` metadata value; it is only read from
-    proxy peers, and a proxy can only pass on a caller role (never proxy itself, never unknown).
+    ``claimed`` are the :data:`~kubeplane.api.wire.MD_ROLE` metadata values of the call. They are
+    only read from a proxy certificate, which must state exactly one caller role (never proxy
+    itself, never an unknown one, never two different ones); see the module docstring.
     """
-    role = identity.role
-    if role is None:
+    roles = identity.roles
+    if not roles:
         orgs = ", ".join(identity.organizations) or "none"
-        raise errors.PermissionDeniedError(
-            f"client certificate {identity.common_name!r} has no kubeplane role (organizations: {orgs}); "
-            f"use a certificate with O={ROLE_ADMIN} or O={ROLE_READER}"
+        node = (
+            f" ({NODE_ORG} certificates identify a node and grant no role)"
+            if NODE_ORG in identity.organizations
+            else ""
         )
-    if role != ROLE_PROXY:
-        return role
-    if claimed not in CALLER_ROLES:
+        raise errors.PermissionDeniedError(
+            f"client certificate {identity.common_name!r} has no kubeplane role "
+            f"(organizations: {orgs}){node}; use a certificate with O={ROLE_ADMIN} or O={ROLE_READER}"
+        )
+    if ROLE_PROXY not in roles:
+        return Caller(roles[0])
+    if len(roles) > 1:
+        others = ", ".join(role for role in roles if role != ROLE_PROXY)
+        raise errors.PermissionDeniedError(
+            f"client certificate {identity.common_name!r} mixes O={ROLE_PROXY} with {others}: "
+            f"a proxy certificate carries O={ROLE_PROXY} only"
+        )
+    stated = set(claimed)
+    claim = next(iter(stated)) if len(stated) == 1 else None
+    if claim not in CALLER_ROLES:
+        got = ", ".join(repr(value) for value in sorted(stated)) or "None"
         raise errors.PermissionDeniedError(
             f"proxy {identity.common_name!r} forwarded a call without a valid caller role "
-            f"(got {claimed!r}, expected one of {', '.join(CALLER_ROLES)})"
+            f"(got {got}, expected one of {', '.join(CALLER_ROLES)})"
         )
-    return claimed
+    return Caller(claim, forwarded=True)
 
 
 def check_access(call: wire.Call, role: str) -> None:

@@ -79,10 +79,6 @@ def _parse_nodes(metadata: Sequence[tuple[str, Any]]) -> list[str] | None:
     return None
 
 
-def _metadata_value(metadata: Sequence[tuple[str, Any]], key: str) -> str | None:
-    return next((str(value) for name, value in metadata if name == key), None)
-
-
 class NodeAPIServer:
     """A running node API; create it with :func:`serve` or :func:`serve_maintenance`."""
 
@@ -223,24 +219,24 @@ class NodeAPIServer:
         if isinstance(request, wire.BadRequest):
             raise errors.InvalidArgumentError(f"invalid {call.name} request: {request.reason}")
         metadata = tuple(context.invocation_metadata() or ())
-        role, from_proxy = self._role(context, metadata)
-        auth.check_access(call, role)
+        caller = self._caller(context, metadata)
+        auth.check_access(call, caller.role)
         kwargs = wire.validate(call, request)
         # A call from a proxy is the end of a forwarding hop: it never fans out again, so no loops.
-        return kwargs, role, None if from_proxy else _parse_nodes(metadata)
+        return kwargs, caller.role, None if caller.forwarded else _parse_nodes(metadata)
 
-    def _role(self, context: Any, metadata: Sequence[tuple[str, Any]]) -> tuple[str, bool]:
-        """The caller's effective role, and whether the peer is a forwarding node."""
+    def _caller(self, context: Any, metadata: Sequence[tuple[str, Any]]) -> auth.Caller:
+        """The caller's effective role, and whether a forwarding node sent the call."""
         if self.maintenance:
-            return auth.ROLE_MAINTENANCE, False
+            return auth.Caller(auth.ROLE_MAINTENANCE)
         certificates = (context.auth_context() or {}).get("x509_pem_cert") or []
         if not certificates:
             # require_client_auth makes this unreachable unless grpc's TLS setup changes.
             raise errors.PermissionDeniedError("no client certificate presented")
         identity = auth.identity_from_pem(bytes(certificates[0]))
-        from_proxy = identity.role == auth.ROLE_PROXY
-        claimed = _metadata_value(metadata, wire.MD_ROLE) if from_proxy else None
-        return auth.effective_role(identity, claimed), from_proxy
+        # Every value, so a proxy stating two different roles is refused rather than half-believed.
+        claimed = [str(value) for key, value in metadata if key == wire.MD_ROLE]
+        return auth.caller(identity, claimed)
 
     async def _check_sensitive(self, call: wire.Call, kwargs: dict[str, object], role: str) -> None:
         if call.resource_type_param is None or role == auth.ROLE_ADMIN:

@@ -77,32 +77,54 @@ def test_file_chunks_round_trip_binary_data() -> None:
 
 
 @pytest.mark.parametrize(
-    ("orgs", "claimed", "role"),
+    ("orgs", "claimed", "role", "forwarded"),
     [
-        ((api.ROLE_ADMIN,), None, api.ROLE_ADMIN),
-        ((api.ROLE_READER,), api.ROLE_ADMIN, api.ROLE_READER),
-        ((api.ROLE_READER, api.ROLE_ADMIN), None, api.ROLE_ADMIN),
-        ((api.ROLE_PROXY,), api.ROLE_READER, api.ROLE_READER),
-        ((api.ROLE_PROXY,), api.ROLE_ADMIN, api.ROLE_ADMIN),
+        ((api.ROLE_ADMIN,), (), api.ROLE_ADMIN, False),
+        # Claims are only believed from proxies: anyone else's certificate decides.
+        ((api.ROLE_READER,), (api.ROLE_ADMIN,), api.ROLE_READER, False),
+        ((api.ROLE_ADMIN,), (api.ROLE_READER,), api.ROLE_ADMIN, False),
+        ((api.ROLE_READER, api.ROLE_ADMIN), (), api.ROLE_ADMIN, False),
+        (("system:masters", api.ROLE_READER), (), api.ROLE_READER, False),
+        # A proxy's call runs with exactly the role it states, never more.
+        ((api.ROLE_PROXY,), (api.ROLE_READER,), api.ROLE_READER, True),
+        ((api.ROLE_PROXY,), (api.ROLE_ADMIN,), api.ROLE_ADMIN, True),
+        ((api.ROLE_PROXY,), (api.ROLE_READER, api.ROLE_READER), api.ROLE_READER, True),
     ],
 )
-def test_effective_role(orgs: tuple[str, ...], claimed: str | None, role: str) -> None:
-    assert auth.effective_role(identity(*orgs), claimed) == role
+def test_caller(orgs: tuple[str, ...], claimed: tuple[str, ...], role: str, forwarded: bool) -> None:
+    assert auth.caller(identity(*orgs), claimed) == auth.Caller(role, forwarded=forwarded)
 
 
 @pytest.mark.parametrize(
     ("orgs", "claimed", "message"),
     [
-        (("system:masters",), api.ROLE_ADMIN, "no kubeplane role"),
-        ((), None, "organizations: none"),
-        ((api.ROLE_PROXY,), None, "without a valid caller role"),
-        ((api.ROLE_PROXY,), api.ROLE_PROXY, "without a valid caller role"),
-        ((api.ROLE_PROXY,), "root", "got 'root'"),
+        (("system:masters",), (api.ROLE_ADMIN,), "no kubeplane role"),
+        ((), (), "organizations: none"),
+        # Worker certificates from trustd identify a node; they are no role and no proxy.
+        ((auth.NODE_ORG,), (api.ROLE_ADMIN,), "kubeplane:node certificates identify a node"),
+        ((api.ROLE_PROXY,), (), "without a valid caller role"),
+        ((api.ROLE_PROXY,), (api.ROLE_PROXY,), "without a valid caller role"),
+        ((api.ROLE_PROXY,), ("root",), "got 'root'"),
+        ((api.ROLE_PROXY,), (f"{api.ROLE_READER},{api.ROLE_ADMIN}",), "without a valid caller role"),
+        # Two different claims: neither is believed.
+        ((api.ROLE_PROXY,), (api.ROLE_READER, api.ROLE_ADMIN), "got 'kubeplane:admin', 'kubeplane:reader'"),
+        # Proxy must stand alone: what a call runs as never depends on whether a header was sent.
+        ((api.ROLE_PROXY, api.ROLE_ADMIN), (api.ROLE_READER,), "mixes O=kubeplane:proxy with kubeplane:adm"),
+        ((api.ROLE_PROXY, api.ROLE_ADMIN), (), "mixes O=kubeplane:proxy"),
+        ((api.ROLE_READER, api.ROLE_PROXY), (api.ROLE_ADMIN,), "mixes O=kubeplane:proxy with kubeplane:re"),
     ],
 )
-def test_roles_that_are_refused(orgs: tuple[str, ...], claimed: str | None, message: str) -> None:
+def test_callers_that_are_refused(orgs: tuple[str, ...], claimed: tuple[str, ...], message: str) -> None:
     with pytest.raises(api.PermissionDeniedError, match=message):
-        auth.effective_role(identity(*orgs), claimed)
+        auth.caller(identity(*orgs), claimed)
+
+
+def test_identity_roles_are_ordered_most_privileged_first() -> None:
+    assert identity(api.ROLE_READER, "x", api.ROLE_PROXY, api.ROLE_ADMIN).roles == (
+        api.ROLE_ADMIN,
+        api.ROLE_PROXY,
+        api.ROLE_READER,
+    )
 
 
 def test_access_matrix() -> None:
