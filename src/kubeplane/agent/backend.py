@@ -10,19 +10,46 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import re
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import kubeplane
-from kubeplane import api, resources
-from kubeplane.agent import selfhosted
+from kubeplane import api, resources, runtime
+from kubeplane.agent import etcd, selfhosted, services
 
 if TYPE_CHECKING:
     from kubeplane.agent.node import Node
 
 _CHUNK = 64 * 1024
+
+#: Log streams the agent writes itself (:mod:`kubeplane.agent.main`), besides one per service.
+AGENT_LOGS = ("kubeplaned", runtime.LOGGER_NAME)
+#: Services a node may supervise; each writes ``<id>.log`` next to the agent's streams.
+SERVICE_LOGS = (services.CONTAINERD, services.KUBELET, etcd.SERVICE_ID)
+#: What a log id looks like: a DNS-1123 label, so it can never be a path.
+_LOG_ID = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def check_log_id(service: str, known: Collection[str], *, node: str) -> None:
+    """Refuse a log id that is not a known stream: InvalidArgumentError for anything that is not
+    a plain name (a path, ``..``), NotFoundError naming the known ones for an unknown name.
+
+    The logs call is open to the reader role and its id becomes a file name under the node's
+    log directory, so only names from ``known`` ever reach the file system.
+    """
+    if not _LOG_ID.fullmatch(service):
+        message = (
+            f"{service!r} is not a service id: use one of {', '.join(sorted(known))} "
+            "(lower-case letters, digits and '-'), not a path"
+        )
+        raise api.InvalidArgumentError(message, fields=[("service", message)])
+    if service not in known:
+        raise api.NotFoundError(
+            f"no service or log stream {service!r} on node {node}; known: {', '.join(sorted(known))}"
+        )
 
 
 class AgentBackend:
@@ -146,7 +173,13 @@ class AgentBackend:
 
     # -- logs and services ----------------------------------------------------------------
 
+    def known_logs(self) -> set[str]:
+        """Every log id the logs call accepts: the agent's streams and the node's services."""
+        running = self._node.services.supervisor.ids() if self._node.services is not None else []
+        return {*AGENT_LOGS, *SERVICE_LOGS, *running}
+
     async def logs(self, *, service: str, tail: int | None, follow: bool) -> AsyncIterator[str]:
+        check_log_id(service, self.known_logs(), node=self._node.name)
         async for line in self._node.logs(service=service, tail=tail, follow=follow):
             yield line
 

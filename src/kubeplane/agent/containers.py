@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +56,36 @@ async def list_containers(socket: Path) -> list[dict[str, Any]]:
     return sorted(found, key=lambda c: (c["namespace"], c["pod"], c["name"]))
 
 
+_DNS_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_LABEL_CHARS = "lower-case letters, digits and '-'"
+#: Kubernetes name rules of each part (namespace and container: DNS-1123 label; pod: subdomain):
+#: pattern, length limit and how to say it. They leave no '/', '..', '_' or glob character in a
+#: part, so a reference cannot leave the pod log directory nor match another pod's logs.
+_NAME_RULES = (
+    ("namespace", re.compile(_DNS_LABEL), 63, _LABEL_CHARS),
+    ("pod", re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"), 253, f"{_LABEL_CHARS}, and '.' between them"),
+    ("container", re.compile(_DNS_LABEL), 63, _LABEL_CHARS),
+)
+
+
 def parse_id(container: str) -> tuple[str, str, str]:
-    """``NAMESPACE/POD:CONTAINER`` → its three parts; ValueError naming the expected form."""
+    """``NAMESPACE/POD:CONTAINER`` → its three parts; ValueError naming the expected form.
+
+    Each part must be a valid Kubernetes name (see :data:`_NAME_RULES`), so a reference can only
+    name a log under the pod log directory.
+    """
     namespace, slash, rest = container.partition("/")
     pod, colon, name = rest.partition(":")
     if not (slash and colon and namespace and pod and name):
         raise ValueError(
             f"container {container!r} must look like NAMESPACE/POD:CONTAINER, e.g. kube-system/x:y"
         )
+    for (part, rule, limit, chars), value in zip(_NAME_RULES, (namespace, pod, name), strict=True):
+        if len(value) > limit or not rule.fullmatch(value):
+            raise ValueError(
+                f"container {container!r}: {part} {value!r} is not a Kubernetes name "
+                f"({chars}; at most {limit} characters)"
+            )
     return namespace, pod, name
 
 

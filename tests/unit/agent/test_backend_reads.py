@@ -1,0 +1,184 @@
+"""The agent backend's read calls never reach outside what they name: log ids are names of known
+streams (the reader role may call logs), container references are Kubernetes names, and file
+paths stay under the node root."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from kubeplane import api
+from kubeplane.agent import backend, containers
+from kubeplane.config.paths import NodePaths
+
+pytestmark = pytest.mark.unit
+
+KNOWN = {"kubeplaned", "controller-runtime", "containerd", "kubelet", "etcd"}
+
+PATHS_AND_ODDITIES = [
+    "../../etc/passwd",
+    "/etc/passwd",
+    "kubelet/../../../system/config",
+    "..",
+    ".",
+    "kubelet.log",
+    "Kubelet",
+    "kubelet\n",
+    "kube let",
+    "*",
+    "",
+    "a" * 64,
+]
+
+
+@dataclass
+class FakeSupervisor:
+    service_ids: list[str]
+
+    def ids(self) -> list[str]:
+        return self.service_ids
+
+
+@dataclass
+class FakeServices:
+    supervisor: FakeSupervisor
+
+
+@dataclass
+class FakeNode:
+    """What AgentBackend's read calls use of a Node; records the logs it was asked for."""
+
+    root: Path
+    name: str = "node-1"
+    services: FakeServices | None = None
+    asked: list[str] = field(default_factory=list)
+
+    @property
+    def paths(self) -> NodePaths:
+        return NodePaths(self.root)
+
+    async def logs(self, *, service: str, tail: int | None, follow: bool) -> AsyncIterator[str]:
+        self.asked.append(service)
+        yield f"{service} line"
+
+
+def read_logs(node: FakeNode, service: str) -> list[str]:
+    async def scenario() -> list[str]:
+        agent = backend.AgentBackend(node)  # type: ignore[arg-type]
+        return [line async for line in agent.logs(service=service, tail=None, follow=False)]
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("service", sorted(KNOWN))
+def test_known_log_ids_are_accepted(service: str) -> None:
+    backend.check_log_id(service, KNOWN, node="n")
+
+
+@pytest.mark.parametrize("service", PATHS_AND_ODDITIES)
+def test_log_ids_that_are_not_plain_names_are_invalid(service: str) -> None:
+    with pytest.raises(api.InvalidArgumentError, match="is not a service id") as refused:
+        backend.check_log_id(service, KNOWN, node="n")
+    assert [name for name, _ in refused.value.fields] == ["service"]
+    assert "not a path" in str(refused.value)
+
+
+def test_unknown_log_id_is_not_found_and_names_the_known_ones() -> None:
+    with pytest.raises(
+        api.NotFoundError, match="'apiserver' on node n; known: containerd, controller-runtime"
+    ):
+        backend.check_log_id("apiserver", KNOWN, node="n")
+
+
+def test_the_backend_checks_the_id_before_the_node_opens_anything(tmp_path: Path) -> None:
+    node = FakeNode(root=tmp_path)
+    for service in ("../../etc/passwd", "/etc/passwd", "nope"):
+        with pytest.raises((api.InvalidArgumentError, api.NotFoundError)):
+            read_logs(node, service)
+    assert node.asked == []
+    assert read_logs(node, "kubeplaned") == ["kubeplaned line"]
+    assert node.asked == ["kubeplaned"]
+
+
+def test_known_logs_are_the_agent_streams_and_every_service(tmp_path: Path) -> None:
+    without = backend.AgentBackend(FakeNode(root=tmp_path))  # type: ignore[arg-type]
+    assert without.known_logs() == KNOWN
+    node = FakeNode(root=tmp_path, services=FakeServices(FakeSupervisor(["etcd", "kubelet", "extra"])))
+    assert backend.AgentBackend(node).known_logs() == KNOWN | {"extra"}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("reference", "problem"),
+    [
+        ("a/../../etc:passwd", "pod '../../etc' is not a Kubernetes name"),
+        ("kube-system/pod:../../../etc/shadow", "container '../../../etc/shadow' is not a Kubernetes name"),
+        ("../kube-system/pod:c", "namespace '..' is not a Kubernetes name"),
+        ("/etc/passwd", "NAMESPACE/POD:CONTAINER"),
+        ("kube-system//etc/passwd:c", "pod '/etc/passwd' is not a Kubernetes name"),
+        ("kube-system/*:c", r"pod '\*' is not a Kubernetes name"),
+        ("kube-system/p_x:c", "pod 'p_x' is not a Kubernetes name"),
+        ("kube-system/a..b:c", "pod 'a..b' is not a Kubernetes name"),
+        ("Kube-System/p:c", "namespace 'Kube-System' is not a Kubernetes name"),
+        ("kube-system/p:c.d", "container 'c.d' is not a Kubernetes name"),
+        (f"kube-system/p:{'c' * 64}", "at most 63 characters"),
+    ],
+)
+def test_container_references_must_be_kubernetes_names(reference: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        containers.parse_id(reference)
+
+
+def test_container_references_with_dotted_pod_names_are_accepted() -> None:
+    assert containers.parse_id("kube-system/kube-apiserver-cp-1.example:kube-apiserver") == (
+        "kube-system",
+        "kube-apiserver-cp-1.example",
+        "kube-apiserver",
+    )
+
+
+def test_a_traversing_container_reference_never_reads_a_log_outside_the_pod_logs(tmp_path: Path) -> None:
+    pod_logs = tmp_path / "pods"
+    pod_logs.mkdir()
+    # A log outside the pod log directory that a traversing reference would otherwise reach.
+    outside = tmp_path / "secret" / "c"
+    outside.mkdir(parents=True)
+    (outside / "0.log").write_text("secret\n")
+    for reference in ("ns/pod:../../secret/c", "ns/..:c", "ns/*:c", "ns/pod:*"):
+        with pytest.raises(ValueError, match="not a Kubernetes name"):
+            containers.log_file(reference, pod_logs=pod_logs)
+
+
+@dataclass
+class FileNode:
+    root: Path
+    name: str = "node-1"
+
+    @property
+    def paths(self) -> NodePaths:
+        return NodePaths(self.root)
+
+
+def test_file_paths_stay_under_the_node_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "hosts").write_text("hosts\n")
+    (tmp_path / "outside").write_text("outside\n")
+    (root / "escape").symlink_to(tmp_path)
+    agent = backend.AgentBackend(FileNode(root=root))  # type: ignore[arg-type]
+
+    async def read(path: str) -> bytes:
+        return b"".join([chunk async for chunk in agent.read_file(path=path)])
+
+    assert asyncio.run(read("/etc/hosts")) == b"hosts\n"  # absolute means under the root
+    for path in ("../outside", "etc/../../outside", "escape/outside", "escape"):
+        with pytest.raises(api.InvalidArgumentError, match="outside the node root"):
+            asyncio.run(read(path))
+        with pytest.raises(api.InvalidArgumentError, match="outside the node root"):
+            asyncio.run(agent.list_dir(path=path, recurse=False))
+    # The symlink itself is listed (with its target) but never followed by a recursive listing.
+    listed = asyncio.run(agent.list_dir(path=".", recurse=True))
+    assert {entry["name"] for entry in listed} == {"etc", "etc/hosts", "escape"}
