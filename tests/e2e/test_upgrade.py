@@ -101,6 +101,18 @@ def test_dry_run_changes_nothing(cluster: Any) -> None:
     assert (
         f"kube-proxy cluster-wide: k8s.gcr.io/kube-proxy:v1.20.2 -> k8s.gcr.io/kube-proxy:{TARGET}" in output
     )
+    # The upgrade guide's form: --nodes names one control plane node to talk through; the plan
+    # still covers all of them (it crashed with a KeyError on a 3-node control plane).
+    guide = run_cli(
+        cluster.env, "-n", cluster.control_plane[1], "upgrade-k8s", "--from", "v1.20.2", "--to", TARGET,
+        "--dry-run",
+    )  # fmt: skip
+    assert guide.returncode == 0, "\n".join(guide.lines)
+    guide_output = "\n".join(guide.lines)
+    assert "Traceback" not in guide_output
+    for node in cluster.control_plane:
+        for component in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+            assert f"static-pod {component} on node {node}: " in guide_output
     assert kcpc_versions(cluster.env, cluster.control_plane) == before
 
 
@@ -112,6 +124,9 @@ def test_bad_target_and_unsupported_path_fail_before_any_change(cluster: Any) ->
     unsupported = run_cli(cluster.env, "upgrade-k8s", "--to", "v1.22.0")
     assert unsupported.returncode == 1
     assert "unsupported upgrade path: v1.20.2 -> v1.22.0" in "\n".join(unsupported.lines)
+    older = run_cli(cluster.env, "upgrade-k8s", "--to", "v1.20.1")
+    assert older.returncode == 1
+    assert "v1.20.1 is older than the running v1.20.2: refusing to downgrade" in "\n".join(older.lines)
     missing = run_cli(cluster.env, "upgrade-k8s", "--to", MISSING)
     assert missing.returncode == 1
     output = "\n".join(missing.lines)

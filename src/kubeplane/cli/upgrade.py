@@ -4,10 +4,12 @@ The operation declares what it needs (``NodeAPI``, ``KubeAPI``, ``Rotation``); t
 implements them:
 
 - node API: one :class:`~kubeplane.api.NodeClient` per node, each forwarding through the client
-  config's endpoints (``-n`` of the global options selects the control plane nodes instead of
-  discovering them). Pre-pulling uses the node API's ``ImagePull`` call (the agent pulls through
-  the node's registry mirrors); the check for the call stays so that a node API without it only
-  drops the pre-pull steps (the plan says so and the kubelet pulls when the new pods start);
+  config's endpoints. The control plane nodes are always discovered (Kubernetes Nodes with the
+  control plane label); ``-n`` of the global options only names the node to talk through, as in
+  the upgrade guide's ``--nodes <master node>``: it gives the admin kubeconfig. Pre-pulling uses
+  the node API's ``ImagePull`` call (the agent pulls through the node's registry mirrors); the
+  check for the call stays so that a node API without it only drops the pre-pull steps (the
+  plan says so and the kubelet pulls when the new pods start);
 - Kubernetes API: the official client from the cluster's admin kubeconfig (``--kubeconfig``, or
   asked from a node with the ``Kubeconfig`` call), ``--endpoint`` replacing its server URL; the
   client is blocking, so every call runs in a thread with a request timeout;
@@ -336,6 +338,7 @@ def resume_command(*, options: upgrade.Options, endpoint: str | None, kubeconfig
     words += [] if options.pre_pull else ["--no-pre-pull"]
     words += ["--upgrade-kubelet"] if options.upgrade_kubelet else []
     words += ["--sync-manifests"] if options.sync_manifests else []
+    words += ["--allow-downgrade"] if options.allow_downgrade else []
     return shlex.join(words)
 
 
@@ -382,7 +385,7 @@ async def _upgrade(
 ) -> None:
     node_api = NodeAPIAdapter(target)
     try:
-        kubeconfig_text = kubeconfig or await node_api.kubeconfig(options.nodes[0] if options.nodes else None)
+        kubeconfig_text = kubeconfig or await node_api.kubeconfig(options.via[0] if options.via else None)
         kube = _kube_api(kubeconfig_text, endpoint)
         observed = await upgrade.prepare(options=options, node_api=node_api, kube=kube)
         click.echo(
@@ -461,6 +464,11 @@ async def _upgrade(
 @click.option(
     "--sync-manifests", is_flag=True, help="Re-apply the bootstrap manifests (server-side apply) at the end."
 )
+@click.option(
+    "--allow-downgrade",
+    is_flag=True,
+    help="Allow a target older than the running version (refused by default).",
+)
 @output.output_option
 def upgrade_k8s(
     *,
@@ -472,11 +480,13 @@ def upgrade_k8s(
     pre_pull: bool,
     upgrade_kubelet: bool,
     sync_manifests: bool,
+    allow_downgrade: bool,
     fmt: output.Format,
 ) -> None:
     """Upgrade the Kubernetes control plane, one component and node at a time.
 
-    Order: kube-apiserver on each control plane node (-n, default: discovered), then
+    Order: kube-apiserver on each control plane node (every node labelled control plane; -n
+    only names the node to talk through and fetch the admin kubeconfig from), then
     kube-controller-manager, kube-scheduler, the kube-proxy DaemonSet, optionally kubelets. Each
     step patches the node's machine config image (keeping its registry) and waits for the new pod
     to be Ready. Safe to re-run: steps already at the target are skipped.
@@ -491,7 +501,8 @@ def upgrade_k8s(
     options = upgrade.Options(
         to=to,
         source=source,
-        nodes=obj.nodes,
+        via=obj.nodes,
+        allow_downgrade=allow_downgrade,
         pre_pull=pre_pull,
         upgrade_kubelet=upgrade_kubelet,
         sync_manifests=sync_manifests,

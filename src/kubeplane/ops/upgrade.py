@@ -111,8 +111,21 @@ class Version:
         return self.tag
 
 
-def check_path(source: Version, target: Version) -> None:
-    """Allow the same minor version or the next one; anything else is an unsupported path."""
+def check_path(source: Version, target: Version, *, allow_downgrade: bool = False) -> None:
+    """Allow the same minor version or the next one; anything else is an unsupported path.
+
+    A target older than the running version is refused unless ``allow_downgrade``: an older
+    kube-apiserver may not read what a newer one stored. Builds of the same release
+    (``v1.20.2`` and ``v1.20.2-kp.1``) are the same version here, in either direction.
+    """
+    if (target.major, target.minor, target.patch) < (source.major, source.minor, source.patch):
+        if not allow_downgrade:
+            raise PreflightError(
+                f"{target} is older than the running {source}: refusing to downgrade "
+                "(pass --allow-downgrade if that is what you want)"
+            )
+        if source.major == target.major and source.minor - target.minor in (0, 1):
+            return
     if source.major != target.major or target.minor not in (source.minor, source.minor + 1):
         raise PreflightError(
             f"unsupported upgrade path: {source} -> {target} "
@@ -296,7 +309,10 @@ class Options:
 
     to: str
     source: str | None = None
-    nodes: tuple[str, ...] = ()
+    #: The nodes the CLI talks through (``-n``): they must be Kubernetes Nodes, the first one
+    #: gives the admin kubeconfig; the plan covers every control plane node regardless.
+    via: tuple[str, ...] = ()
+    allow_downgrade: bool = False
     pre_pull: bool = True
     upgrade_kubelet: bool = False
     sync_manifests: bool = False
@@ -410,23 +426,22 @@ def build_plan(observed: Observed) -> plan_module.Plan:
 # --- preflight ---------------------------------------------------------------------------------
 
 
-def _select_control_plane(nodes: Sequence[ClusterNode], wanted: Sequence[str]) -> tuple[ClusterNode, ...]:
-    if not wanted:
-        found = tuple(node for node in nodes if node.control_plane)
-        if not found:
-            raise PreflightError(
-                "no control plane nodes found: no Kubernetes Node is labelled "
-                f"{' or '.join(CONTROL_PLANE_LABELS)}; pass them with -n"
-            )
-        return found
+def _select_control_plane(nodes: Sequence[ClusterNode], via: Sequence[str]) -> tuple[ClusterNode, ...]:
+    """Every control plane node; ``via`` (the nodes the CLI talks through) must be among ``nodes``."""
     by_key = {key: node for node in nodes for key in (node.address, node.name)}
-    unknown = [name for name in wanted if name not in by_key]
+    unknown = [name for name in via if name not in by_key]
     if unknown:
         raise PreflightError(
-            f"node(s) {', '.join(unknown)} are not Kubernetes Nodes (known: "
+            f"node(s) {', '.join(unknown)} given with -n are not Kubernetes Nodes (known: "
             f"{', '.join(f'{n.name} ({n.address})' for n in nodes) or 'none'})"
         )
-    return tuple(dataclasses.replace(by_key[name], control_plane=True) for name in wanted)
+    found = tuple(node for node in nodes if node.control_plane)
+    if not found:
+        raise PreflightError(
+            "no control plane nodes found: no Kubernetes Node is labelled "
+            f"{' or '.join(CONTROL_PLANE_LABELS)}"
+        )
+    return found
 
 
 async def _check_reachable(node_api: NodeAPI, nodes: Sequence[ClusterNode]) -> None:
@@ -459,7 +474,7 @@ async def prepare(*, options: Options, node_api: NodeAPI, kube: KubeAPI) -> Obse
     target = Version.parse(options.to, what="target version (--to)")
     source_given = Version.parse(options.source, what="source version (--from)") if options.source else None
     nodes = await _kube_read(kube.nodes(), what="list Kubernetes Nodes")
-    control_plane = _select_control_plane(nodes, options.nodes)
+    control_plane = _select_control_plane(nodes, options.via)
     cp_addresses = {node.address for node in control_plane}
     others = tuple(node for node in nodes if node.address not in cp_addresses)
     await _check_reachable(node_api, (*control_plane, *others))
@@ -470,7 +485,7 @@ async def prepare(*, options: Options, node_api: NodeAPI, kube: KubeAPI) -> Obse
                 await node_api.component_config(node.address, component)
             ).image
     source = source_given or image_version(images[(control_plane[0].address, APISERVER)])
-    check_path(source, target)
+    check_path(source, target, allow_downgrade=options.allow_downgrade)
     config_proxy_images = {
         node.address: machine_config.load(
             await node_api.machine_config(node.address)

@@ -43,9 +43,7 @@ def test_supported_paths(source: str, target: str) -> None:
     upgrade.check_path(V(source), V(target))
 
 
-@pytest.mark.parametrize(
-    ("source", "target"), [("v1.20.2", "v1.22.0"), ("v1.20.2", "v1.19.7"), ("v1.20.2", "v2.20.2")]
-)
+@pytest.mark.parametrize(("source", "target"), [("v1.20.2", "v1.22.0"), ("v1.20.2", "v2.20.2")])
 def test_unsupported_paths(source: str, target: str) -> None:
     with pytest.raises(PreflightError, match="unsupported upgrade path"):
         upgrade.check_path(V(source), V(target))
@@ -179,12 +177,38 @@ def test_no_control_plane_nodes_is_an_error(
         _prepare(cluster)
 
 
-def test_given_nodes_must_be_kubernetes_nodes(generated: Mapping[str, Any]) -> None:
+def test_the_node_to_talk_through_must_be_a_kubernetes_node(generated: Mapping[str, Any]) -> None:
     cluster = FakeCluster(generated)
-    observed = _prepare(cluster, nodes=("10.5.0.3", "cp-1"))
-    assert [node.name for node in observed.control_plane] == ["cp-2", "cp-1"]
-    with pytest.raises(PreflightError, match=r"10\.9\.9\.9 are not Kubernetes Nodes"):
-        _prepare(cluster, nodes=("10.9.9.9",))
+    with pytest.raises(PreflightError, match=r"10\.9\.9\.9 given with -n are not Kubernetes Nodes"):
+        _prepare(cluster, via=("10.9.9.9",))
+
+
+def test_one_node_given_with_n_still_plans_every_control_plane_node(generated: Mapping[str, Any]) -> None:
+    # The upgrade guide's form, `upgrade-k8s -n <master node> --to ...`: -n names the node to
+    # talk through. It crashed on a 3-node control plane with KeyError in the image lookup.
+    cluster = FakeCluster(generated)
+    observed = _prepare(cluster, via=("10.5.0.3",))
+    assert [node.name for node in observed.control_plane] == ["cp-1", "cp-2", "cp-3"]
+    plan = upgrade.build_plan(observed)
+    static = {(step.component, step.node) for step in plan.steps if step.kind == upgrade.KIND_STATIC_POD}
+    assert static == {(c, n.address) for c in upgrade.COMPONENTS for n in NODES if n.control_plane}
+    pulled = {step.node for step in plan.steps if step.kind == upgrade.KIND_PULL}
+    assert pulled == {n.address for n in NODES}
+
+
+@pytest.mark.parametrize(("running", "target"), [("v1.20.2", "v1.20.1"), ("v1.21.0", "v1.20.9")])
+def test_an_older_target_is_refused_unless_asked_for(running: str, target: str) -> None:
+    with pytest.raises(PreflightError, match=r"refusing to downgrade.*--allow-downgrade"):
+        upgrade.check_path(upgrade.Version.parse(running), upgrade.Version.parse(target))
+    upgrade.check_path(upgrade.Version.parse(running), upgrade.Version.parse(target), allow_downgrade=True)
+
+
+def test_a_second_build_of_the_same_release_is_no_downgrade() -> None:
+    upgrade.check_path(upgrade.Version.parse("v1.20.2-kp.1"), upgrade.Version.parse("v1.20.2"))
+    with pytest.raises(PreflightError, match="unsupported upgrade path"):
+        upgrade.check_path(
+            upgrade.Version.parse("v1.22.0"), upgrade.Version.parse("v1.20.0"), allow_downgrade=True
+        )
 
 
 def test_kubernetes_api_unreachable_fails_before_any_change(generated: Mapping[str, Any]) -> None:

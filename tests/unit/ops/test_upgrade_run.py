@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -249,6 +250,12 @@ def test_kubelets_and_manifests_when_asked(generated: Mapping[str, Any]) -> None
 def test_a_single_control_plane_node_is_not_taken_out_of_the_rotation(generated: Mapping[str, Any]) -> None:
     # Draining the only API server would only lengthen the outage its restart causes.
     cluster = FakeCluster(generated)
-    run(cluster, pre_pull=False, nodes=("10.5.0.2",))
+    single = [NODES[0], *(dataclasses.replace(n, control_plane=False) for n in NODES[1:])]
+
+    async def nodes() -> list[upgrade.ClusterNode]:
+        return single
+
+    cluster.nodes = nodes  # type: ignore[method-assign]
+    run(cluster, pre_pull=False, via=("10.5.0.2",))
     assert not [event for event in cluster.events if event[0] in ("drain", "restore")]
     assert [e[1] for e in cluster.patches() if e[2] == "kube-apiserver"] == ["10.5.0.2"]
