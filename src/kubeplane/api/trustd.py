@@ -10,8 +10,9 @@ is ``PERMISSION_DENIED`` and nothing is signed.
 
 What trustd signs (:func:`node_certificate`, a pure function of the CSR, the address the request
 comes from, the control plane endpoint and the node's own certificate names). trustd sets the
-subject itself: CN is the hostname the CSR asks for (a valid DNS-1123 name), O is always
-:data:`~kubeplane.api.pki.NODE_ORG`, which is no node API role — such a certificate cannot call
+subject itself: CN is the hostname the CSR asks for (a valid DNS-1123 name, checked like the DNS
+SANs below; or the requester's address), O is always
+:data:`~kubeplane.pki.NODE_ORG`, which is no node API role — such a certificate cannot call
 the node API, nor act as a proxy. Usages are server and client. Only the CSR's public key and its
 checked SANs are used, and any bad part refuses the whole CSR (nothing is downgraded):
 
@@ -27,12 +28,14 @@ checked SANs are used, and any bad part refuses the whole CSR (nothing is downgr
 So a leaked machine token (every worker config holds it) still gets its holder a node
 certificate, but only for the holder's own address (plus loopback) and with no role: it lets
 someone impersonate a worker's node API server at an address they already own, nothing more.
+Workers get no proxy certificate either: they cannot forward node API calls to other nodes.
 
 Which endpoints a worker asks (:func:`request_certificate`): the host of
 ``cluster.controlPlane.endpoint`` first (right when it is a control plane node's address or a
 VIP on one), then the control plane nodes' own addresses, discovered on demand from the
-Kubernetes ``Endpoints default/kubernetes`` (the agent reads it with the bootstrap token,
-``cluster.token``). For each target the worker asks for a certificate of the local address it
+Kubernetes ``Endpoints default/kubernetes`` (the agent reads it through the endpoint with the
+bootstrap token, ``cluster.token``, which the bootstrap manifest ``01-trustd-discovery`` allows
+to get that one object). For each target the worker asks for a certificate of the local address it
 reaches that target from. A refused token or a refused request is final for the round
 (``PERMISSION_DENIED``: every control plane node answers the same); anything else, including an
 address mismatch, moves on to the next target. The agent retries rounds until one succeeds.
