@@ -1,6 +1,6 @@
 """kubeplane: run and change a Kubernetes control plane.
 
-The package is layered (see DESIGN.md); ``kubeplane.cli`` is the ``kubeplane`` command and
+The package is layered (see docs/architecture.md); ``kubeplane.cli`` is the ``kubeplane`` command and
 ``kubeplane.agent`` the ``kubeplaned`` node agent.
 """
 

@@ -1,1 +1,1 @@
-"""kubeplane.agent (see DESIGN.md for what this layer owns)."""
+"""kubeplane.agent (see docs/architecture.md for what this layer owns)."""

@@ -1,4 +1,4 @@
-"""kubeplane.controllers: the reconciling controllers of a node (see DESIGN.md for the layer).
+"""kubeplane.controllers: the reconciling controllers of a node (see docs/architecture.md for the layer).
 
 One subpackage per area (``k8s`` for the Kubernetes control plane, later ``config``, ``secrets``,
 ``etcd``, ``network``); each controller is one small module with declared inputs and outputs and a

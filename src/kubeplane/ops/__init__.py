@@ -1,4 +1,4 @@
-"""kubeplane.ops: cluster-wide operations (see DESIGN.md for what this layer owns).
+"""kubeplane.ops: cluster-wide operations (see docs/architecture.md for what this layer owns).
 
 Modules:
 

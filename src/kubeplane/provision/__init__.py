@@ -1,1 +1,1 @@
-"""kubeplane.provision (see DESIGN.md for what this layer owns)."""
+"""kubeplane.provision (see docs/architecture.md for what this layer owns)."""

@@ -1,6 +1,6 @@
 """The network of a local cluster: a bridge on the host and one network namespace per node.
 
-Layout (DESIGN.md "Local clusters"), for cluster ``c`` on CIDR ``10.5.0.0/24``::
+Layout (docs/architecture.md "Local clusters"), for cluster ``c`` on CIDR ``10.5.0.0/24``::
 
     host:  bridge kp-c  10.5.0.1/24
              ├── veth kv<hash>n1 ── netns kp-c-<node1>: eth0 10.5.0.2/24, lo up, default via 10.5.0.1
