@@ -19,11 +19,11 @@ from kubernetes import client as k8s_client
 
 from kubeplane import config as machine_config
 from kubeplane import pki
-from kubeplane.cli import connect
+from kubeplane.cli import connect, lease
 from kubeplane.cli.upgrade import REQUEST_TIMEOUT, NodeAPIAdapter, with_server
 from kubeplane.clients import etcd as etcd_client
 from kubeplane.clients import kube as kube_client
-from kubeplane.ops import convert
+from kubeplane.ops import convert, oplock
 from kubeplane.ops.errors import OpsError
 from kubeplane.resources import catalog
 
@@ -44,12 +44,14 @@ class KubeplaneEnv:
         self.endpoint = endpoint
         self._core: Any = None
         self._apps: Any = None
+        self.api_client: Any = None
 
     async def _kube(self) -> tuple[Any, Any]:
         if self._core is None:
             text = await self.nodes.kubeconfig(None)
             client = kube_client.api_client(with_server(text, self.endpoint))
             self._core, self._apps = k8s_client.CoreV1Api(client), k8s_client.AppsV1Api(client)
+            self.api_client = client
         return self._core, self._apps
 
     async def _call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
@@ -192,14 +194,16 @@ async def _convert(
     env = KubeplaneEnv(target, endpoint=endpoint)
     timing = convert.Timing()
     try:
-        if remove_key_only:
-            click.echo("removing self-hosted initialized key")
-            await env.remove_initialized_key()
-            return timing
-        converter = convert.Converter(
-            env, options=convert.Options(force=force), echo=click.echo, confirm=_confirm, timing=timing
-        )
-        await converter.run()
+        await env._kube()
+        async with oplock.held(lease.KubeLeaseStore(env.api_client), operation="convert-k8s"):
+            if remove_key_only:
+                click.echo("removing self-hosted initialized key")
+                await env.remove_initialized_key()
+                return timing
+            converter = convert.Converter(
+                env, options=convert.Options(force=force), echo=click.echo, confirm=_confirm, timing=timing
+            )
+            await converter.run()
         return timing
     finally:
         await env.close()

@@ -38,11 +38,11 @@ from kubernetes.dynamic import DynamicClient
 
 from kubeplane import api
 from kubeplane.api import wire
-from kubeplane.cli import connect, output
+from kubeplane.cli import connect, lease, output
 from kubeplane.clients import kube as kube_client
 from kubeplane.config import defaults
+from kubeplane.ops import oplock, upgrade
 from kubeplane.ops import plan as plan_module
-from kubeplane.ops import upgrade
 from kubeplane.ops.errors import OpsError
 from kubeplane.provision import loadbalancer
 from kubeplane.provision import state as cluster_state
@@ -148,12 +148,16 @@ class KubeAPIAdapter:
     """:class:`kubeplane.ops.upgrade.KubeAPI` over the official (blocking) client, one thread per call."""
 
     def __init__(self, api_client: Any) -> None:
-        self._api_client = api_client
+        self.api_client = api_client
         self._core = k8s_client.CoreV1Api(api_client)
         self._apps = k8s_client.AppsV1Api(api_client)
 
     async def _call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(function, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+
+    def lease_store(self) -> oplock.LeaseStore:
+        """The cluster operation Lease (one upgrade-k8s / convert-k8s at a time)."""
+        return lease.KubeLeaseStore(self.api_client)
 
     async def nodes(self) -> list[upgrade.ClusterNode]:
         result = await self._call(self._core.list_node)
@@ -226,7 +230,7 @@ class KubeAPIAdapter:
 
     async def apply_objects(self, objects: Sequence[Mapping[str, Any]]) -> None:
         def apply() -> None:
-            dynamic = DynamicClient(self._api_client)  # type: ignore[no-untyped-call]
+            dynamic = DynamicClient(self.api_client)  # type: ignore[no-untyped-call]
             for item in objects:
                 resource = dynamic.resources.get(api_version=item["apiVersion"], kind=item["kind"])
                 metadata = item.get("metadata", {})
@@ -421,7 +425,8 @@ async def _upgrade(
             progress=PrintProgress(),
             timing=TIMING,
         )
-        results = await upgrader.run(plan, resume=resume)
+        async with oplock.held(kube.lease_store(), operation="upgrade-k8s"):
+            results = await upgrader.run(plan, resume=resume)
         changed = len(plan_module.changed_steps(results))
         click.echo(
             f"upgrade to {observed.target} completed: "

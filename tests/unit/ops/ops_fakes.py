@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubeplane import config
-from kubeplane.ops import upgrade
+from kubeplane.ops import oplock, upgrade
 
 NODES = (
     upgrade.ClusterNode("cp-1", "10.5.0.2", control_plane=True),
@@ -185,6 +185,12 @@ class FakeCluster:
         if self.kube_errors:
             raise self.kube_errors.pop(0)
 
+    def lease_store(self) -> MemoryStore:
+        """The cluster operation Lease, shared by every run against this cluster."""
+        if not hasattr(self, "lease"):
+            self.lease = MemoryStore()
+        return self.lease
+
     async def nodes(self) -> list[upgrade.ClusterNode]:
         self._kube()
         return list(NODES)
@@ -233,3 +239,36 @@ class FakeCluster:
     async def restore(self, node: upgrade.ClusterNode) -> None:
         self.events.append(("restore", node.name))
         self.drained.discard(node.name)
+
+
+class MemoryStore:
+    """A Lease store with resourceVersion compare-and-swap, like the API server's."""
+
+    def __init__(self) -> None:
+        self.lease: oplock.Lease | None = None
+        self.version = 0
+        self.deleted = 0
+
+    def _stamp(self, lease: oplock.Lease) -> None:
+        self.version += 1
+        self.lease = dataclasses.replace(lease, resource_version=str(self.version))
+
+    async def read(self) -> oplock.Lease | None:
+        return self.lease
+
+    async def create(self, lease: oplock.Lease) -> bool:
+        if self.lease is not None:
+            return False
+        self._stamp(lease)
+        return True
+
+    async def replace(self, lease: oplock.Lease) -> bool:
+        if self.lease is None or lease.resource_version != self.lease.resource_version:
+            return False
+        self._stamp(lease)
+        return True
+
+    async def delete(self, lease: oplock.Lease) -> None:
+        if self.lease is not None and lease.resource_version == self.lease.resource_version:
+            self.lease = None
+            self.deleted += 1

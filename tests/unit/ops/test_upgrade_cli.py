@@ -5,6 +5,7 @@ fakes, injected where the command builds its adapters."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from ops_fakes import FakeCluster
 from kubeplane.cli import connect
 from kubeplane.cli import upgrade as cli_upgrade
 from kubeplane.cli.main import Context
-from kubeplane.ops import upgrade
+from kubeplane.ops import oplock, upgrade
 from kubeplane.provision import state as cluster_state
 
 pytestmark = pytest.mark.unit
@@ -71,6 +72,8 @@ def test_run_prints_progress_and_completes(fake: FakeCluster) -> None:
     assert "[5/14] static-pod kube-apiserver on node 10.5.0.2" in result.output
     assert 'retrying error: config version mismatch: got "2", expected "3"' in result.output
     assert "completed: 14 steps changed, 0 already done" in result.output
+    # The run held the cluster operation Lease and gave it back.
+    assert fake.lease_store().version > 0 and fake.lease_store().lease is None
     again = invoke("--to", "v1.20.2-kp.1")
     assert "completed: 0 steps changed, 14 already done" in again.output
 
@@ -158,3 +161,15 @@ def test_repeated_wait_messages_are_throttled(capsys: pytest.CaptureFixture[str]
         'retrying error: config version mismatch: got "2", expected "3"',
         "retrying error: pod is not Ready yet",
     ]
+
+
+def test_a_running_operation_refuses_a_second_one(fake: FakeCluster) -> None:
+    other = oplock.Holder("convert-k8s", "jumphost", 4242)
+    stamp = datetime.datetime.now(datetime.UTC)
+    fake.lease_store().lease = oplock.Lease(holder=other.identity, acquired=stamp, renewed=stamp)
+    before = dict(fake.kcpc)
+    result = invoke("--to", "v1.20.2-kp.1", "--no-pre-pull")
+    assert result.exit_code == 1
+    assert "another cluster operation is running (convert-k8s pid 4242 on jumphost" in result.output
+    assert "Traceback" not in result.output
+    assert fake.kcpc == before
