@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 import yaml
 
-from kubeplane import config, pki, resources
+from kubeplane import config, fileio, pki, resources
 from kubeplane.agent import owned
 from kubeplane.agent.etcd import EtcdMember, cluster_admin_client
 from kubeplane.config.paths import NodePaths
@@ -563,12 +563,8 @@ class NodeServices:
 
 
 def _write_secret(path: Path, data: bytes) -> str:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+    path.parent.mkdir(mode=fileio.PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    fileio.write_atomic(path, data, mode=fileio.SECRET_MODE)
     return str(path)
 
 
