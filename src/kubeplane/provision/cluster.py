@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 
 from kubeplane import api, fileio
 from kubeplane import config as config_mod
+from kubeplane.agent import owned
 from kubeplane.agent import services as agent_services
 from kubeplane.api import trustd as trustd_api
 from kubeplane.config import client as client_config
@@ -636,8 +637,8 @@ def _start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Se
     root.mkdir(parents=True, exist_ok=True)
     link_node_name(root, node.name)
     record.root_dir = str(root)
-    cgroup = agent_services.NodeServices.cgroup_name(root)
-    record.cgroups = [str(hierarchy / cgroup) for hierarchy in agent_services.cgroup_hierarchies()]
+    cgroup = f"/{agent_services.NodeServices.cgroup_name(root)}"
+    record.cgroups = [str(path) for path in owned.cgroup_paths([cgroup, f"{cgroup}-shims"])]
     cluster.save()
     existing = record.processes.get(AGENT)
     if existing is not None and hostproc.is_running(existing):
@@ -741,9 +742,9 @@ def destroy(
         if node.root_dir:
             unmount_under(Path(node.root_dir))
         for cgroup in node.cgroups:
-            agent_services.remove_cgroup(Path(cgroup))
+            owned.remove_cgroup(Path(cgroup))
     for path in cluster.cgroups:
-        agent_services.remove_cgroup(Path(path))
+        owned.remove_cgroup(Path(path))
     progress("stopping the load balancer and the registry")
     for record in cluster.processes.values():
         hostproc.stop(record)
@@ -803,22 +804,9 @@ def netns_members(netns_name: str) -> list[int]:
     return found
 
 
-def cgroup_members(cgroups: Sequence[str]) -> list[int]:
-    """PIDs in the given cgroup directories or below them."""
-    found: set[int] = set()
-    for directory in cgroups:
-        base = Path(directory)
-        if not base.is_dir():
-            continue
-        for procs in [base / "cgroup.procs", *base.rglob("cgroup.procs")]:
-            with contextlib.suppress(OSError):
-                found.update(int(line) for line in procs.read_text().split())
-    return sorted(found)
-
-
 def node_processes(node: state_mod.NodeState) -> list[int]:
     """Processes still running for ``node``: in its network namespace or its kubelet cgroup root."""
-    return sorted(set(netns_members(node.netns)) | set(cgroup_members(node.cgroups)))
+    return sorted(set(netns_members(node.netns)) | set(owned.cgroup_members(node.cgroups)))
 
 
 def stop_node(node: state_mod.NodeState) -> None:
@@ -890,13 +878,13 @@ def _kill_until_gone(node: state_mod.NodeState, deadline: float) -> None:
 def unmount_under(root: Path) -> None:
     """Unmount everything at or below ``root``, deepest first (lazily if a mount stays busy)."""
     for _ in range(3):
-        points = agent_services.mounts_under(root)
+        points = owned.mounts_under(root)
         if not points:
             return
         for point in points:
             if subprocess.run(["umount", str(point)], check=False, capture_output=True).returncode != 0:
                 subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
-    left = agent_services.mounts_under(root)
+    left = owned.mounts_under(root)
     if left:
         raise ClusterError(
             f"cannot unmount {', '.join(map(str, left))}; unmount them by hand and run destroy again"
