@@ -35,6 +35,24 @@ run = asyncio.run
 pytestmark = pytest.mark.integration
 
 
+async def eventually(check: Callable[[], Awaitable[T | None]], *, timeout: float, what: str) -> T:
+    """Await ``check()`` until it returns something other than None (retryable etcd errors count
+    as "not yet"); fail naming ``what`` and the last error after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = await check()
+            if value is not None:
+                return value
+        except errors.EtcdError as exc:
+            if not exc.retryable:
+                raise
+            last = exc
+        await asyncio.sleep(0.2)
+    pytest.fail(f"timed out after {timeout}s waiting for {what} (last error: {last!r})", pytrace=False)
+
+
 def test_kv_put_get_prefix_delete(etcd_server: EtcdServer) -> None:
     async def scenario() -> None:
         async with etcd_server.client_for() as etcd:
@@ -76,20 +94,28 @@ def test_txn_compare_and_swap(etcd_server: EtcdServer) -> None:
 
 
 def test_lease_expiry_keepalive_revoke(etcd_server: EtcdServer) -> None:
+    async def gone(etcd: etcd_client.EtcdClient, key: bytes) -> bool | None:
+        return True if await etcd.get_value(key) is None else None
+
     async def scenario() -> None:
         async with etcd_server.client_for() as etcd:
             short = await etcd.lease_grant(2)
             await etcd.put(b"/leased", b"x", lease=short.id)
             assert (await etcd.get(b"/leased")).kvs[0].lease == short.id
             assert await etcd.lease_keepalive(short.id) == 2
-            await asyncio.sleep(3.5)
-            assert await etcd.get_value(b"/leased") is None
+            await eventually(
+                lambda: gone(etcd, b"/leased"), timeout=10, what="the unrefreshed lease to expire"
+            )
             with pytest.raises(errors.EtcdNotFound):
                 await etcd.lease_keepalive(short.id)
 
             async with etcd.lease(2) as kept:
                 await etcd.put(b"/kept", b"y", lease=kept.id)
-                await asyncio.sleep(3.5)  # longer than the TTL: only the keepalive task saves it
+                # A twin lease granted after it, never refreshed, expiring shows that more than
+                # the TTL went by: only the keepalive task saved the kept one.
+                twin = await etcd.lease_grant(2)
+                await etcd.put(b"/twin", b"z", lease=twin.id)
+                await eventually(lambda: gone(etcd, b"/twin"), timeout=10, what="the twin lease to expire")
                 assert await etcd.get_value(b"/kept") == b"y"
             assert await etcd.get_value(b"/kept") is None
             assert await etcd.lease_ttl(kept.id) == -1
@@ -212,24 +238,6 @@ def test_wrong_client_certificate_is_refused(etcd_server: EtcdServer) -> None:
 
 
 # -- membership, lease loss and compaction on real etcd ---------------------------------------
-
-
-async def eventually(check: Callable[[], Awaitable[T | None]], *, timeout: float, what: str) -> T:
-    """Await ``check()`` until it returns something other than None (retryable etcd errors count
-    as "not yet"); fail naming ``what`` and the last error after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = await check()
-            if value is not None:
-                return value
-        except errors.EtcdError as exc:
-            if not exc.retryable:
-                raise
-            last = exc
-        await asyncio.sleep(0.2)
-    pytest.fail(f"timed out after {timeout}s waiting for {what} (last error: {last!r})", pytrace=False)
 
 
 @dataclasses.dataclass
