@@ -90,23 +90,19 @@ def with_temporary_keys(document: config.MachineConfig) -> config.MachineConfig:
 
 
 def node_root_pattern(paths: NodePaths, node_name: str) -> str:
-    """The node root as the checkpointer DaemonSet sees it.
+    """The node root as the checkpointer DaemonSet's host paths see it.
 
-    Every node of a local cluster shares one filesystem, and its root is reachable by the node's
-    name (``nodes/<node name>``, a symlink the provisioner makes), so ``<parent>/$(NODE_NAME)``
-    selects each node's own directory. Any other root is taken as it is: right for ``/``, and
-    for one node per machine; a warning says so, because nodes sharing a machine would then all
-    be given this node's directory.
+    On a machine, local cluster nodes included, that is ``/``. An agent under another root
+    (a test directory) gets that root on every node, with a warning: nodes sharing one file
+    system would then all be given this node's directory.
     """
     root = Path(paths.root).resolve()
     if str(root) == "/":
         return "/"
-    if (root.parent / node_name).resolve() == root:
-        return str(root.parent / selfhosted.NODE_NAME_VAR)
     log.warning(
-        "node root %s is not reachable as %s: the pod-checkpointer DaemonSet uses %s on every node",
+        "node %s runs under root %s, not /: the pod-checkpointer DaemonSet uses %s on every node",
+        node_name,
         root,
-        root.parent / node_name,
         root,
     )
     return str(root)

@@ -241,8 +241,20 @@ class NodeServices:
 
     @staticmethod
     def cgroup_name(root: Path) -> str:
-        """kubelet's cgroup root for the node at ``root``: unique per node root on one machine."""
-        return f"kubeplane-{hashlib.sha256(str(root).encode()).hexdigest()[:10]}"
+        """kubelet's cgroup root for the node at ``root``, unique per machine.
+
+        Named from the machine ID (``/etc/machine-id``; every node of a local cluster has its
+        own), so nodes that share one kernel's cgroup hierarchies never share a cgroup root.
+        A root with no machine ID (an agent under a test directory) is named from its path.
+        """
+        path = root / "etc" / "machine-id"
+        machine_id = path.read_text().strip() if path.is_file() else ""
+        return NodeServices.cgroup_name_of(machine_id or str(root))
+
+    @staticmethod
+    def cgroup_name_of(identity: str) -> str:
+        """The cgroup root name of a machine ID (or of a root directory without one)."""
+        return f"kubeplane-{hashlib.sha256(identity.encode()).hexdigest()[:10]}"
 
     # -- life cycle -------------------------------------------------------------------------
 

@@ -57,8 +57,7 @@ from kubeplane.agent import services as agent_services
 from kubeplane.api import trustd as trustd_api
 from kubeplane.config import client as client_config
 from kubeplane.config import generate as gen
-from kubeplane.config.paths import NodePaths
-from kubeplane.provision import checkpointer_image, hostproc, netns
+from kubeplane.provision import checkpointer_image, hostproc, machine, netns
 from kubeplane.provision import loadbalancer as lb
 from kubeplane.provision import registry as registry_mod
 from kubeplane.provision import state as state_mod
@@ -316,24 +315,12 @@ def preflight(
             f"destroy it first with `kubeplane cluster destroy --name {cluster_plan.name}` "
             "or pick another --name"
         )
-    _check_socket_paths(cluster_plan, directory=directory)
     try:
         paths = toolchain.require(cluster_plan.request.kubernetes_version)
         netns.check_host(cluster_plan.network, None)
     except (toolchain_mod.ToolchainError, netns.NetworkError) as exc:
         raise PreflightError(str(exc)) from exc
     return paths
-
-
-def _check_socket_paths(cluster_plan: ClusterPlan, *, directory: Path) -> None:
-    """Refuse a state directory so deep that a node's containerd or kubelet sockets cannot be bound."""
-    for node in cluster_plan.nodes:
-        for socket in NodePaths(node_root(directory, node.name)).sockets():
-            if (problem := socket.problem()) is not None:
-                raise PreflightError(
-                    f"node {node.name}: {problem}: set KUBEPLANE_STATE to a shorter directory or "
-                    "pick a shorter --name"
-                )
 
 
 # -- metadata --------------------------------------------------------------------------------
@@ -409,31 +396,10 @@ def _retry(action: Callable[[], T], *, timeout: float, what: str, hint: str) -> 
 
 
 def node_root(directory: Path, node: str) -> Path:
-    """Where node ``node``'s agent keeps its root (resolved: the agent resolves it too).
-
-    ``nodes/controlplane-1`` under the cluster directory (named after the cluster): without the
-    cluster name twice the node's containerd socket path stays within its limit for longer names.
-    """
+    """The directory holding node ``node``'s machine state (``nodes/controlplane-1`` under the
+    cluster directory): bind-mounted over the node's standard paths (:mod:`.machine`), so
+    ``nodes/controlplane-1/var/log/kubeplane`` is that node's ``/var/log/kubeplane``."""
     return (directory / "nodes" / node.removeprefix(f"{directory.name}-")).resolve()
-
-
-def link_node_name(root: Path, node: str) -> None:
-    """Make node ``node``'s root reachable as ``nodes/<node name>`` too (a relative symlink).
-
-    Every node of a local cluster shares this machine's filesystem, so a DaemonSet that mounts a
-    node's own directory (the self-hosted pod-checkpointer) must name it from the node name, the
-    one per-node value the downward API gives: ``nodes/$(NODE_NAME)``.
-    """
-    link = root.parent / node
-    if link == root or (link.is_symlink() and link.resolve() == root):
-        return
-    if link.exists() and not link.is_symlink():
-        raise CreateError(
-            f"{link} exists and is not a link to {root.name}: it is left from another layout; "
-            f"destroy the cluster (or move {link} away) and create it again"
-        )
-    link.unlink(missing_ok=True)
-    link.symlink_to(root.name)
 
 
 def node_hint(node: state_mod.NodeState) -> str:
@@ -612,40 +578,25 @@ def _without(config: client_config.ClientConfig, name: str) -> client_config.Cli
     return client_config.remove_context(config, name) if name in config.contexts else config
 
 
-#: Bind-mounts the node's own ``var/log/pods`` over ``/var/log/pods`` in a private mount namespace,
-#: then execs the agent (same PID throughout), so the node's kubelet and containerd see only it.
-#: The mount point itself is created on the host when missing (a fresh machine has none).
-_POD_LOGS_SCRIPT = (
-    'mkdir -p "$0/var/log/pods" /var/log/pods && mount --bind "$0/var/log/pods" /var/log/pods && exec "$@"'
-)
-
-
-def private_pod_logs_argv(root: Path) -> list[str]:
-    """The argv prefix giving a node agent (and all it starts) its own ``/var/log/pods``.
-
-    The kubelet v1.20 fixes that path and garbage-collects every pod log directory of a pod it
-    does not know, so kubelets sharing one directory delete each other's logs. The mount
-    namespace is a slave of the host's: host mounts still propagate in (cgroups, ``/run/netns``),
-    the node's own mounts (pod volumes, its ``/var/log/pods``) stay private and vanish with it.
-    """
-    return ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", _POD_LOGS_SCRIPT, str(root)]
-
-
 def _start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Sequence[str]) -> None:
     record = cluster.node(node.name)
     root = node_root(cluster.directory, node.name)
     root.mkdir(parents=True, exist_ok=True)
-    link_node_name(root, node.name)
+    try:
+        machine.prepare(root)
+    except machine.MachineError as exc:
+        raise CreateError(f"node {node.name}: {exc}") from exc
     record.root_dir = str(root)
-    cgroup = f"/{agent_services.NodeServices.cgroup_name(root)}"
+    cgroup = f"/{agent_services.NodeServices.cgroup_name_of(machine.machine_id(root))}"
     record.cgroups = [str(path) for path in owned.cgroup_paths([cgroup, f"{cgroup}-shims"])]
     cluster.save()
     existing = record.processes.get(AGENT)
     if existing is not None and hostproc.is_running(existing):
         return
-    agent = [*command, "--root", str(root), "--listen", f"{node.ip}:{AGENT_PORT}", "--node-name", node.name]
+    # The node is a machine: its agent runs with the default root, /, over its own bind mounts.
+    agent = [*command, "--listen", f"{node.ip}:{AGENT_PORT}", "--node-name", node.name]
     record.processes[AGENT] = hostproc.start(
-        [*private_pod_logs_argv(root), *agent],
+        machine.argv(node_dir=root, hostname=node.name, command=agent),
         name=f"{AGENT} {node.name}",
         log=cluster.directory / "logs" / f"{node.name}.log",
         netns=node.netns,

@@ -189,32 +189,6 @@ def test_health_runs_every_check_and_names_failing_nodes() -> None:
     assert health.failing_nodes(results) == {"10.5.0.3"}
 
 
-def test_a_state_directory_too_deep_for_unix_sockets_is_refused(
-    secrets: gen.SecretsBundle, tmp_path: Path
-) -> None:
-    deep = tmp_path / ("d" * 60)
-    with pytest.raises(cluster.PreflightError, match=r"containerd's unix socket .* over the 104 it may have"):
-        cluster.preflight(_plan(secrets, name="deep"), toolchain=None, state_root=deep)  # type: ignore[arg-type]
-    assert not deep.exists()
-
-
-def test_a_node_root_one_character_too_deep_for_the_kubelets_socket_is_refused(
-    secrets: gen.SecretsBundle,
-) -> None:
-    # The kubelet's pod-resources socket is the tighter limit: a node root of 67 characters fits
-    # containerd's sockets but not the kubelet's, which would crash-loop on "bind: invalid argument".
-    plan = _plan(secrets, name="lab", controlplanes=1)
-    fits = Path("/s" + "x" * 39) / "lab"  # + /nodes/controlplane-1 = 66 characters
-    assert len(str(cluster.node_root(fits, plan.nodes[0].name))) == 66
-    cluster._check_socket_paths(plan, directory=fits)
-    with pytest.raises(
-        cluster.PreflightError,
-        match=r"node lab-controlplane-1: kubelet's unix socket .*/pod-resources/<10-digit temporary name> "
-        r"is 108 characters, over the 107",
-    ):
-        cluster._check_socket_paths(plan, directory=Path("/s" + "x" * 40) / "lab")
-
-
 def test_pod_netns_names_are_read_from_mountinfo_and_only_unmounted_names_removed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -247,15 +221,3 @@ def test_pod_netns_names_are_read_from_mountinfo_and_only_unmounted_names_remove
     cluster.remove_pod_netns_names({"cni-aaaa", "cni-bbbb", "cni-gone"})
     # The orphaned name goes; a still-mounted one and names not asked about stay.
     assert sorted(p.name for p in netns_dir.iterdir()) == ["cni-bbbb", "cni-other"]
-
-
-def test_node_directories_drop_the_cluster_name_so_longer_names_fit_the_socket_limit(
-    secrets: gen.SecretsBundle,
-) -> None:
-    assert cluster.node_root(Path("/srv/clusters/lab"), "lab-controlplane-1") == Path(
-        "/srv/clusters/lab/nodes/controlplane-1"
-    )
-    # The longest name the bridge name allows (12 characters) fits under root's default state dir.
-    name = "staging-eu-1"
-    plan = _plan(secrets, name=name)
-    cluster._check_socket_paths(plan, directory=Path("/root/.kubeplane/clusters") / name)

@@ -1,0 +1,146 @@
+"""Local cluster nodes as machines: the agent of each node runs at ``--root /``.
+
+A node of a local cluster is a process tree in its own network namespace (made by
+:mod:`kubeplane.provision.netns`), mount namespace and UTS namespace (hostname = node name). In
+the mount namespace the node's own directory (``nodes/<node>`` under the cluster directory)
+is bind-mounted over each standard path a node uses (:data:`MACHINE_DIRS`), and a machine ID of
+its own over ``/etc/machine-id``. So its agent, containerd, kubelet and etcd see
+``/etc/kubernetes``, ``/var/lib/kubelet``, ``/var/lib/etcd``, ``/run/containerd`` ... exactly as
+on a real machine, and the agent runs with its default root, ``/``.
+
+The mount namespace is a slave of the host's: host mounts still propagate in (cgroups, the
+toolchain cache, ``/run/netns``), while every mount the node makes (its bind mounts, pod volumes)
+stays private to it and is gone when its last process exits. Nothing is mounted on the host.
+
+What it takes from the host: a mount point must exist before something can be mounted on it, so
+:func:`prepare` creates any of the standard directories the host lacks (empty; on a Debian host
+with containerd and etcd installed most exist) and reports which it created.
+
+Not namespaced, and why: PID (the provisioner finds and stops a node's processes by network
+namespace and cgroup membership, which works as it is) and cgroup (kubelet v1.20's cgroupfs
+driver on this hybrid v1 layout reads the host's hierarchy; each node's containers are kept
+apart by their cgroup root, named from the node's machine ID).
+
+``python -m kubeplane.provision.machine --node-dir DIR --hostname NAME -- COMMAND...`` is the
+step that runs inside the new namespaces: it sets the hostname, makes the bind mounts and execs
+``COMMAND`` (the agent), keeping its PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+#: Directories a node owns, relative to ``/``: each is the node directory's own, bind-mounted.
+MACHINE_DIRS = (
+    "system",
+    "etc/kubernetes",
+    "etc/containerd",
+    "etc/cni",
+    "opt/containerd",
+    "run/containerd",
+    "usr/libexec/kubernetes",
+    "var/lib/cni",
+    "var/lib/containerd",
+    "var/lib/etcd",
+    "var/lib/kubelet",
+    "var/log/containers",
+    "var/log/kubeplane",
+    "var/log/pods",
+)
+MACHINE_ID = "etc/machine-id"
+
+
+class MachineError(Exception):
+    """A node could not be made into a machine (the message names the path and why)."""
+
+
+def machine_id(node_dir: Path) -> str:
+    """The node's machine ID (32 hex digits), made on first use and kept in its directory."""
+    path = node_dir / MACHINE_ID
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    value = secrets.token_hex(16)
+    path.write_text(value + "\n")
+    return value
+
+
+def prepare(node_dir: Path, *, host_root: Path = Path("/")) -> list[Path]:
+    """Make the node directory's standard directories and the host's mount points; the host
+    directories this created (they were missing)."""
+    machine_id(node_dir)
+    created = []
+    for relative in MACHINE_DIRS:
+        (node_dir / relative).mkdir(parents=True, exist_ok=True)
+        target = host_root / relative
+        if not target.is_dir():
+            if target.exists() or target.is_symlink():
+                raise MachineError(
+                    f"{target} exists and is not a directory: a node cannot mount its own there"
+                )
+            target.mkdir(parents=True)
+            created.append(target)
+    if not (host_root / MACHINE_ID).is_file():
+        raise MachineError(f"{host_root / MACHINE_ID} is missing: a node mounts its own machine ID over it")
+    return created
+
+
+def argv(*, node_dir: Path, hostname: str, command: Sequence[str]) -> list[str]:
+    """The command line that starts ``command`` as the node at ``node_dir`` (see the module docstring)."""
+    return [
+        "unshare",
+        "--mount",
+        "--uts",
+        "--propagation",
+        "slave",
+        "--",
+        sys.executable,
+        "-m",
+        "kubeplane.provision.machine",
+        "--node-dir",
+        str(node_dir),
+        "--hostname",
+        hostname,
+        "--",
+        *command,
+    ]
+
+
+def _bind(source: Path, target: Path) -> None:
+    result = subprocess.run(
+        ["mount", "--bind", str(source), str(target)], check=False, capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise MachineError(f"cannot bind-mount {source} over {target}: {result.stderr.strip()}")
+
+
+def boot(*, node_dir: Path, hostname: str, command: Sequence[str]) -> None:
+    """Inside the node's new mount and UTS namespaces: hostname, bind mounts, then exec ``command``."""
+    socket.sethostname(hostname)
+    for relative in MACHINE_DIRS:
+        _bind(node_dir / relative, Path("/") / relative)
+    _bind(node_dir / MACHINE_ID, Path("/") / MACHINE_ID)
+    os.execvp(command[0], list(command))  # noqa: S606 - the agent's argv, from the provisioner
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m kubeplane.provision.machine", description=__doc__)
+    parser.add_argument("--node-dir", required=True, type=Path)
+    parser.add_argument("--hostname", required=True)
+    parser.add_argument("command", nargs="+")
+    options = parser.parse_args(args)
+    try:
+        boot(node_dir=options.node_dir.resolve(), hostname=options.hostname, command=options.command)
+    except (MachineError, OSError) as exc:
+        sys.exit(f"node {options.hostname}: {exc}")
+
+
+if __name__ == "__main__":
+    main()

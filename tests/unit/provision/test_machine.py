@@ -1,0 +1,57 @@
+"""Local cluster nodes as machines: their directories, mount points and the boot command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kubeplane.agent import services as agent_services
+from kubeplane.provision import machine
+
+pytestmark = pytest.mark.unit
+
+
+def test_prepare_makes_the_node_dirs_and_only_the_missing_host_mount_points(tmp_path: Path) -> None:
+    host, node = tmp_path / "host", tmp_path / "node"
+    (host / "etc").mkdir(parents=True)
+    (host / "etc/machine-id").write_text("0" * 32 + "\n")
+    (host / "var/lib/etcd").mkdir(parents=True)  # Debian's etcd-server made it already
+    created = machine.prepare(node, host_root=host)
+    assert all((node / relative).is_dir() for relative in machine.MACHINE_DIRS)
+    assert host / "var/lib/etcd" not in created
+    assert sorted(created) == sorted(host / r for r in machine.MACHINE_DIRS if r != "var/lib/etcd")
+    assert machine.prepare(node, host_root=host) == []  # re-running creates nothing more
+
+
+def test_every_node_has_its_own_lasting_machine_id(tmp_path: Path) -> None:
+    first, second = machine.machine_id(tmp_path / "a"), machine.machine_id(tmp_path / "b")
+    assert len(first) == 32 and int(first, 16) >= 0
+    assert first != second
+    assert machine.machine_id(tmp_path / "a") == first
+    # The kubelet cgroup root is named from it, so nodes never share one.
+    assert agent_services.NodeServices.cgroup_name(tmp_path / "a") == (
+        agent_services.NodeServices.cgroup_name_of(first)
+    )
+    assert agent_services.NodeServices.cgroup_name(tmp_path / "a") != (
+        agent_services.NodeServices.cgroup_name(tmp_path / "b")
+    )
+
+
+def test_a_file_where_a_mount_point_belongs_is_named(tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    (host / "etc").mkdir(parents=True)
+    (host / "etc/machine-id").write_text("0" * 32 + "\n")
+    (host / "etc/kubernetes").write_text("not a directory")
+    with pytest.raises(machine.MachineError, match="etc/kubernetes exists and is not a directory"):
+        machine.prepare(tmp_path / "node", host_root=host)
+
+
+def test_the_agent_runs_at_the_default_root_in_new_mount_and_uts_namespaces(tmp_path: Path) -> None:
+    argv = machine.argv(
+        node_dir=tmp_path, hostname="cp-1", command=["kubeplaned", "--listen", "10.5.0.2:50000"]
+    )
+    assert argv[: argv.index("--")] == ["unshare", "--mount", "--uts", "--propagation", "slave"]
+    assert argv[-3:] == ["kubeplaned", "--listen", "10.5.0.2:50000"]
+    assert "--root" not in argv
+    assert argv[argv.index("--hostname") + 1] == "cp-1"
