@@ -461,6 +461,7 @@ def start_apiserver(
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 "--service-cluster-ip-range=10.96.0.0/12",
                 "--authorization-mode=Node,RBAC",
+                "--enable-bootstrap-token-auth=true",
                 "--allow-privileged=true",
                 "--profiling=false",
             ],

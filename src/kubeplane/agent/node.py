@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import ipaddress
 import json
 import logging
 import socket
 import ssl
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -256,19 +257,7 @@ class Node:
                 ", ".join(model.machine.cert_sans),
             )
         key = pki.generate_key()
-        own = [a for a in self._addresses() if _is_ip(a)]
-        dns = [self.name, "localhost"] if not _is_ip(self.name) else ["localhost"]
-
-        def csr(source: str | None) -> bytes:
-            ips = list(dict.fromkeys([*([source] if source else own), "127.0.0.1"]))
-            return pki.new_csr(
-                key=key,
-                common_name=self.name,
-                organizations=(pki.NODE_ORG,),
-                dns_names=dns,
-                ip_addresses=ips,
-            )
-
+        csr = functools.partial(node_csr, key, name=self.name, own=self._addresses())
         endpoint = model.cluster.control_plane.endpoint
         token, kubernetes_ca = model.cluster.token, model.cluster.ca
 
@@ -559,6 +548,22 @@ class Node:
         else:
             for line in await asyncio.to_thread(service_logs.tail, path, lines):
                 yield node_containers.cri_message(line)
+
+
+def node_csr(key: bytes, source: str | None, *, name: str, own: Sequence[str]) -> bytes:
+    """The CSR a worker sends trustd reached from ``source``: node org, its name, that address.
+
+    trustd signs only the address it sees the request come from (and loopback), so the CSR asks
+    for ``source`` alone; all of ``own`` only when the source address is unknown.
+    """
+    ips = [source] if source else [a for a in own if _is_ip(a)]
+    return pki.new_csr(
+        key=key,
+        common_name=name,
+        organizations=(pki.NODE_ORG,),
+        dns_names=["localhost"] if _is_ip(name) else [name, "localhost"],
+        ip_addresses=list(dict.fromkeys([*ips, "127.0.0.1"])),
+    )
 
 
 async def control_plane_addresses(*, endpoint: str, token: str, ca: bytes, timeout: float = 5.0) -> list[str]:
