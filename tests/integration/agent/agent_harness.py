@@ -261,12 +261,14 @@ class Cluster:
         )
         return result
 
-    def boot_agent(self) -> Agent:
-        """A fresh agent configured with the control plane config (insecure first apply)."""
+    def boot_agent(self, config: Path | None = None) -> Agent:
+        """A fresh agent configured with ``config``, by default the generated control plane config
+        (insecure first apply)."""
         agent = self.start_agent()
         self.kp(
-            "-n", agent.address, "apply-config", "--insecure", "-f", str(self.gen.controlplane), config=None
-        )
+            "-n", agent.address, "apply-config", "--insecure", "-f", str(config or self.gen.controlplane),
+            config=None,
+        )  # fmt: skip
         self.wait_booted(agent)
         return agent
 
