@@ -104,6 +104,10 @@ class Call:
     backend_method: str
     stream: bool = False
     params: tuple[Param, ...] = ()
+    #: ``read``: the reader role may make the call, so nothing it returns may hold a secret (key
+    #: material, tokens, kubeconfigs, file contents, user-written manifests or headers) and no
+    #: parameter may name a path outside what the call serves; ``admin``: everything else.
+    #: tests/integration/agent/test_security.py makes every read call as a reader and scans it.
     access: Access = "read"
     maintenance: bool = False
     #: Name of the parameter holding a resource type; readers are refused types the node flags sensitive.
