@@ -50,6 +50,7 @@ MACHINE_DIRS = (
     "var/lib/containerd",
     "var/lib/etcd",
     "var/lib/kubelet",
+    "var/lib/kubeplane",
     "var/log/containers",
     "var/log/kubeplane",
     "var/log/pods",
