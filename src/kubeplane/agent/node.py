@@ -355,6 +355,15 @@ class Node:
                 if self.state is not None:
                     self._publish_config(self.state, new)
                 result["message"] = "config applied immediately"
+            elif self.services is not None and config.kubelet_only(allowed.changed):
+                # The change concerns the kubelet alone (its image, args, mounts): restart that
+                # one service, never etcd or the static pods' containers.
+                self.store.save(new)
+                self.store.discard_staged()
+                if self.state is not None:
+                    self._publish_config(self.state, new)
+                await self.services.reconfigure_kubelet(new)
+                result["message"] = "config applied; only the kubelet restarts to apply it"
             else:
                 self.store.save(new)
                 self.store.discard_staged()

@@ -267,6 +267,14 @@ class NodeServices:
         if self.control_plane:
             self._labeler = asyncio.create_task(self._label_node(), name="label control plane node")
 
+    async def reconfigure_kubelet(self, document: config.MachineConfig) -> None:
+        """Restart the kubelet alone with ``document`` (a change under ``machine.kubelet``).
+
+        Its containers keep running: a kubelet restart adopts them, as on any machine.
+        """
+        self.document = document
+        await self.supervisor.restart(KUBELET)
+
     async def stop(self) -> None:
         """Stop everything the services started, kubelet first, and leave no container behind."""
         if self._labeler is not None:

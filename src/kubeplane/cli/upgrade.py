@@ -111,6 +111,13 @@ class NodeAPIAdapter:
     async def apply_config(self, node: str, data: str, *, mode: str) -> None:
         await self._one(node, await self._client(node).apply_configuration(data, mode=mode))
 
+    async def service_healthy(self, node: str, service: str) -> bool:
+        documents = await self._one(node, await self._client(node).service_list())
+        return any(
+            d.get("id") == service and d.get("running") and (d.get("health") or {}).get("healthy")
+            for d in documents
+        )
+
     async def pull_image(self, node: str, image: str) -> bool:
         result = await self._one(
             node, await self._client(node).call(IMAGE_PULL_CALL, {"image": image}, timeout=600)
@@ -269,6 +276,14 @@ class HAProxyRotation:
         await asyncio.to_thread(
             functools.partial(self._proxy.wait_status, name, until="out", timeout=ROTATION_TIMEOUT)
         )
+
+    async def serving(self) -> set[str]:
+        states = await asyncio.to_thread(self._proxy.server_states)
+        return {
+            address
+            for address, name in self._names.items()
+            if name in states and states[name].in_rotation and states[name].healthy
+        }
 
     async def restore(self, node: upgrade.ClusterNode) -> None:
         name = self._names[node.address]

@@ -32,6 +32,7 @@ from kubeplane.config.modes import (
     allowed_modes,
     changed_paths,
     diff,
+    kubelet_only,
 )
 from kubeplane.config.patch import apply_json_patch, apply_merge_patch, apply_patch
 from kubeplane.config.validate import MODES, Mode
@@ -56,5 +57,6 @@ __all__ = [
     "changed_paths",
     "defaults",
     "diff",
+    "kubelet_only",
     "load",
 ]

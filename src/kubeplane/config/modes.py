@@ -9,7 +9,7 @@ default) and ``on-reboot`` (staged for the next restart) are always allowed.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -61,6 +61,18 @@ def allowed_modes(old: Configish, new: Configish) -> AllowedModes:
     blocking = tuple(path for path in changed if not is_immediate_path(path))
     modes: tuple[ApplyMode, ...] = ("reboot", "on-reboot") if blocking else APPLY_MODES
     return AllowedModes(modes=modes, changed=tuple(changed), blocking=blocking)
+
+
+#: A change only under this subtree restarts the kubelet alone in the default (reboot) mode.
+KUBELET_PREFIX = "machine.kubelet"
+
+
+def kubelet_only(changed: Sequence[str]) -> bool:
+    """Whether every changed path is under ``machine.kubelet`` (and something changed)."""
+    return bool(changed) and all(
+        path == KUBELET_PREFIX or path.startswith((KUBELET_PREFIX + ".", KUBELET_PREFIX + "["))
+        for path in changed
+    )
 
 
 def is_immediate_path(path: str) -> bool:

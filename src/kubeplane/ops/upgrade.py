@@ -33,6 +33,7 @@ which the CLI implements (and unit tests fake).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import re
 import time
@@ -52,6 +53,7 @@ SCHEDULER = "kube-scheduler"
 COMPONENTS = (APISERVER, CONTROLLER_MANAGER, SCHEDULER)
 PROXY = "kube-proxy"
 KUBELET = "kubelet"
+ETCD = "etcd"
 MANIFESTS = "bootstrap-manifests"
 
 KIND_PULL = "pre-pull"
@@ -251,6 +253,9 @@ class NodeAPI(Protocol):
     async def apply_config(self, node: str, data: str, *, mode: str) -> None:
         """Apply a machine config to ``node`` in ``mode`` (``immediate`` for control plane images)."""
 
+    async def service_healthy(self, node: str, service: str) -> bool:
+        """Whether the node's service (``etcd``, ``kubelet`` ...) runs and passes its health check."""
+
     async def pull_image(self, node: str, image: str) -> bool:
         """Pull ``image`` through the node's containerd; True when it was fetched, False if present."""
 
@@ -289,6 +294,9 @@ class Rotation(Protocol):
     async def restore(self, node: ClusterNode) -> None:
         """Send connections to the node again (idempotent)."""
 
+    async def serving(self) -> set[str]:
+        """Addresses of the nodes the load balancer sends connections to and finds healthy."""
+
 
 class NoRotation:
     """No load balancer the operation can steer: readiness checks alone protect the endpoint."""
@@ -298,6 +306,9 @@ class NoRotation:
 
     async def restore(self, node: ClusterNode) -> None:
         return None
+
+    async def serving(self) -> set[str]:
+        return set()
 
 
 # --- options, planning -----------------------------------------------------------------------
@@ -676,16 +687,36 @@ class Upgrader:
             )
         else:
             outcome = plan_module.CHANGED
+        try:
+            if outcome is plan_module.CHANGED:
+                await self._drain(node, component)
+                await self._set_image(node.address, component, image)
+                expected = await self._wait_config(node, component, image, older_than=current.version)
+            await self._wait_pod(node, component, expected)
+        except BaseException:
             if self._steer(component):
-                self.progress.info(f"taking node {node.name} out of the load balancer rotation")
-                await self.rotation.drain(node)
-            await self._set_image(node.address, component, image)
-            expected = await self._wait_config(node, component, image, older_than=current.version)
-        await self._wait_pod(node, component, expected)
+                # A failed step never leaves its node out of the rotation; the step's own
+                # error is the one reported.
+                with contextlib.suppress(Exception):
+                    await self.rotation.restore(node)
+            raise
         if self._steer(component):
             # Also when skipping: a run killed between drain and restore left the node drained.
             await self.rotation.restore(node)
         return outcome
+
+    async def _drain(self, node: ClusterNode, component: str) -> None:
+        """Take ``node`` out of the rotation, unless no other node would serve the API."""
+        if not self._steer(component):
+            return
+        others = await self.rotation.serving() - {node.address}
+        if not others:
+            self.progress.info(
+                f"keeping node {node.name} in the load balancer rotation: no other API server is serving"
+            )
+            return
+        self.progress.info(f"taking node {node.name} out of the load balancer rotation")
+        await self.rotation.drain(node)
 
     async def _proxy(self, step: plan_module.Step) -> plan_module.Outcome:
         changed = False
@@ -722,7 +753,8 @@ class Upgrader:
         node = self._nodes[step.node]
         document = machine_config.load(await self.node_api.machine_config(node.address))
         image = retag(document.model.machine.kubelet_image, self.observed.target)
-        # The kubelet image is not live-reconfigurable: the node restarts its services.
+        # Not live-reconfigurable, but the change concerns the kubelet alone: in the default mode
+        # the node restarts only its kubelet (etcd and the static pods' containers keep running).
         changed = await self._set_image(node.address, KUBELET, image, mode="reboot")
 
         async def check() -> str | None:
@@ -738,7 +770,23 @@ class Upgrader:
             timeout=self.timing.rollout_timeout,
             describe=f"kubelet {self.observed.target} on {node.name}",
         )
+        if node.control_plane:
+            # The next node's kubelet restarts only once this one's control plane serves again.
+            await self._wait_etcd(node)
+            for component in COMPONENTS:
+                config = await self.node_api.component_config(node.address, component)
+                await self._wait_pod(node, component, config.version)
         return plan_module.CHANGED if changed else plan_module.SKIPPED
+
+    async def _wait_etcd(self, node: ClusterNode) -> None:
+        async def check() -> str | None:
+            if await self.node_api.service_healthy(node.address, ETCD):
+                return None
+            return f"etcd on {node.name} is not healthy yet"
+
+        await self._wait(
+            check, timeout=self.timing.pod_timeout, describe=f"etcd on {node.name} to be healthy"
+        )
 
     async def _manifests(self, step: plan_module.Step) -> plan_module.Outcome:
         objects = await self.node_api.manifests(step.node)

@@ -86,6 +86,8 @@ class FakeCluster:
         self.frozen_pods: set[tuple[str, str]] = set()
         self.kube_errors: list[Exception] = []
         self.drained: set[str] = set()
+        #: Control plane nodes the load balancer finds unhealthy.
+        self.down: set[str] = set()
         self.images_present: dict[str, set[str]] = {node.address: set() for node in NODES}
         self.can_pull = True
         for node in NODES:
@@ -157,6 +159,10 @@ class FakeCluster:
                 )
                 pod = self.pods[(self.name_of(node), component)]
                 pod.pending, pod.target_version = LAG, str(old_config.version + 1)
+
+    async def service_healthy(self, node: str, service: str) -> bool:
+        self.events.append(("service-health", node, service))
+        return node not in self.unreachable
 
     async def pull_image(self, node: str, image: str) -> bool:
         self._reach(node)
@@ -239,6 +245,9 @@ class FakeCluster:
     async def restore(self, node: upgrade.ClusterNode) -> None:
         self.events.append(("restore", node.name))
         self.drained.discard(node.name)
+
+    async def serving(self) -> set[str]:
+        return {n.address for n in NODES if n.control_plane and n.name not in self.drained | self.down}
 
 
 class MemoryStore:

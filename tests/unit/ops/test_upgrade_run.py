@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -153,8 +154,11 @@ def test_killed_after_patch_before_pod_ready_resumes_by_waiting(generated: Mappi
         run(cluster, pre_pull=False, timing=timing)
     assert "timed out after 10s waiting for pod kube-apiserver on node cp-2" in str(caught.value)
     assert 'config version mismatch: got "2", expected "3"' in str(caught.value)
-    # The run stopped with cp-2 drained: the re-run must put it back even though it skips the patch.
-    assert cluster.drained == {"cp-2"}
+    # A failed step puts its node back into the rotation.
+    assert cluster.drained == set()
+    assert cluster.events[-1] == ("restore", "cp-2")
+    # A run killed (SIGKILL) while cp-2 was drained: the re-run puts it back though it skips the patch.
+    cluster.drained.add("cp-2")
     cluster.frozen_pods.clear()
     results, _ = run(cluster, pre_pull=False)
     assert results[1].outcome == "skipped" and results[1].step.node == "10.5.0.3"
@@ -243,6 +247,12 @@ def test_kubelets_and_manifests_when_asked(generated: Mapping[str, Any]) -> None
     kubelet_patches = [e for e in cluster.patches() if e[2] == "kubelet"]
     assert [e[1] for e in kubelet_patches] == [n.address for n in NODES]
     assert all(e[4] == "reboot" for e in kubelet_patches)
+    # Each control plane node's etcd is healthy again before the next node's kubelet restarts.
+    for before, after in itertools.pairwise(kubelet_patches):
+        node = before[1]
+        if any(n.address == node and n.control_plane for n in NODES):
+            between = cluster.events[cluster.events.index(before) : cluster.events.index(after)]
+            assert ("service-health", node, "etcd") in between
     assert ("apply", "1") in cluster.events
     assert results[-1].step.kind == "manifests"
 
@@ -259,3 +269,12 @@ def test_a_single_control_plane_node_is_not_taken_out_of_the_rotation(generated:
     run(cluster, pre_pull=False, via=("10.5.0.2",))
     assert not [event for event in cluster.events if event[0] in ("drain", "restore")]
     assert [e[1] for e in cluster.patches() if e[2] == "kube-apiserver"] == ["10.5.0.2"]
+
+
+def test_the_last_serving_api_server_is_never_drained(generated: Mapping[str, Any]) -> None:
+    cluster = FakeCluster(generated)
+    cluster.down |= {"cp-2", "cp-3"}  # only cp-1 passes the load balancer's health checks
+    _, progress = run(cluster, pre_pull=False)
+    assert ("drain", "cp-1") not in cluster.events
+    assert any("keeping node cp-1 in the load balancer rotation" in line for line in progress.events)
+    assert ("drain", "cp-2") in cluster.events  # cp-1 serves while the others restart
