@@ -136,15 +136,6 @@ def test_cli_bad_patch_fails_before_any_side_effect(tmp_path: Path, monkeypatch:
     assert not (tmp_path / "state").exists() and not (tmp_path / "config").exists()
 
 
-def test_trustd_passthrough_config_checks_tcp_only(tmp_path: Path) -> None:
-    text = cluster.trustd_config(
-        bind_address="10.5.0.1", servers=[("a", "10.5.0.2"), ("b", "10.5.0.3")], admin_socket=tmp_path / "s"
-    )
-    assert "bind 10.5.0.1:50001" in text
-    assert "server a 10.5.0.2:50001 check\n" in text and "server b 10.5.0.3:50001 check\n" in text
-    assert "ssl" not in text and "httpchk" not in text
-
-
 def test_parse_duration() -> None:
     assert cluster_cli.parse_duration("10m") == 600
     assert cluster_cli.parse_duration("1h30m") == 5400
