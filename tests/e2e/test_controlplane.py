@@ -271,3 +271,79 @@ def test_extra_args_patch_rolls_only_kube_apiserver(cluster_1cp1w: E2ECluster) -
         assert pods[component]["metadata"]["annotations"][CONFIG_VERSION] == str(before[component])
     health = cluster_1cp1w.cli("health", "--wait-timeout", "3m")
     assert health.returncode == 0, health.stdout + health.stderr
+
+
+def _host_mount_points() -> set[str]:
+    return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+
+
+def test_nodes_are_machines_and_a_reboot_touches_nothing_outside_the_node(cluster_1cp1w: E2ECluster) -> None:
+    state = cluster_1cp1w.state()
+    host_machine_id = Path("/etc/machine-id").read_text().strip()
+    for node in state.nodes:
+        pid = node.processes["kubeplaned"].pid
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert b"--root" not in argv, f"{node.name}: the agent must run with the default root, /"
+        inside = subprocess.run(
+            ["nsenter", "-t", str(pid), "-m", "-u", "sh", "-c", "hostname; cat /etc/machine-id; ls /system"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        assert inside[0] == node.name
+        assert inside[1] != host_machine_id
+        assert "config.yaml" in inside[2:]
+
+    # A full stop and start of a node's services (reboot) at --root / leaves the host's mounts
+    # alone and kills no process outside the node. The old sweep killed every process naming
+    # /run/containerd/containerd.sock (the host containerd's socket too): a host process that
+    # names it must survive, and so must the other node.
+    worker = next(node for node in state.nodes if node.role == "worker")
+    other = next(node for node in state.nodes if node.role != "worker")
+    bystander = subprocess.Popen(["sh", "-c", "sleep 600", "/run/containerd/containerd.sock"])
+    try:
+        mounts = _host_mount_points()
+        result = cluster_1cp1w.cli("-n", worker.ip, "reboot")
+        assert result.returncode == 0, result.stdout + result.stderr
+
+        def back() -> bool:
+            services = cluster_1cp1w.cli("-n", worker.ip, "service", "-o", "json")
+            documents = [json.loads(line) for line in services.stdout.splitlines() if line.strip()]
+            up = {d["id"] for d in documents if d.get("state") == "Running" and d["health"]["healthy"]}
+            node = cluster_1cp1w.kubectl("get", "node", worker.name, "-o", "json")
+            return {"containerd", "kubelet"} <= up and node.returncode == 0 and ready(json.loads(node.stdout))
+
+        wait_until(f"{worker.name} to come back from the reboot", back)
+        assert bystander.poll() is None, "a host process naming /run/containerd/containerd.sock was killed"
+        assert Path(f"/proc/{other.processes['kubeplaned'].pid}").exists(), "the other node's agent died"
+        assert _host_mount_points() == mounts
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_a_kubelet_only_change_restarts_the_kubelet_alone(cluster_1cp1w: E2ECluster) -> None:
+    node = cluster_1cp1w.control_plane[0]
+
+    def pids() -> dict[str, int | None]:
+        services = cluster_1cp1w.cli("-n", node, "service", "-o", "json")
+        assert services.returncode == 0, services.stdout + services.stderr
+        documents = [json.loads(line) for line in services.stdout.splitlines() if line.strip()]
+        return {d["id"]: d["pid"] for d in documents}
+
+    before = pids()
+    patch = [{"op": "add", "path": "/machine/kubelet/extraArgs", "value": {"v": "1"}}]
+    result = cluster_1cp1w.cli("-n", node, "patch", "mc", "-p", json.dumps(patch))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "only the kubelet restarts" in result.stdout + result.stderr
+
+    def restarted() -> bool:
+        now = pids()
+        return now.get("kubelet") not in (None, before["kubelet"]) and now.get("etcd") is not None
+
+    wait_until("the kubelet to restart", restarted)
+    after = pids()
+    assert after["etcd"] == before["etcd"], "etcd restarted for a kubelet-only change"
+    assert after["containerd"] == before["containerd"], "containerd restarted for a kubelet-only change"
+    health = cluster_1cp1w.cli("health", "--wait-timeout", "3m")
+    assert health.returncode == 0, health.stdout + health.stderr
