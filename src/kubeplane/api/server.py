@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
@@ -205,22 +204,29 @@ class NodeAPIServer:
 
     @staticmethod
     async def _abort(context: Any, failure: _Failure) -> None:
+        # Messages and fields repeat what the caller sent (names, ids, paths): bounded and
+        # escaped, so grpc can send them and the caller receives them (see wire.status_message).
         trailing: list[tuple[str, str]] = [(wire.MD_ORIGIN, "node")]
         if failure.fields:
-            trailing.append((wire.MD_FIELDS, json.dumps([list(item) for item in failure.fields])))
-        await context.abort(getattr(grpc.StatusCode, failure.code), failure.message, tuple(trailing))
+            trailing.append((wire.MD_FIELDS, wire.status_fields(failure.fields)))
+        code = getattr(grpc.StatusCode, failure.code)
+        await context.abort(code, wire.status_message(failure.message), tuple(trailing))
 
     # -- the steps of every call ---------------------------------------------------------------
 
     def _prepare(
         self, call: wire.Call, request: wire.Document | wire.BadRequest, context: Any
     ) -> tuple[dict[str, object], str, list[str] | None]:
-        """Validate, authenticate and authorise; returns backend kwargs, role and nodes to forward to."""
-        if isinstance(request, wire.BadRequest):
-            raise errors.InvalidArgumentError(f"invalid {call.name} request: {request.reason}")
+        """Authenticate, authorise and validate; returns backend kwargs, role and nodes to forward to.
+
+        Who may make the call is settled before what it asks is read: a caller refused the call
+        is refused whatever the request holds.
+        """
         metadata = tuple(context.invocation_metadata() or ())
         caller = self._caller(context, metadata)
         auth.check_access(call, caller.role)
+        if isinstance(request, wire.BadRequest):
+            raise errors.InvalidArgumentError(f"invalid {call.name} request: {request.reason}")
         kwargs = wire.validate(call, request)
         # A call from a proxy is the end of a forwarding hop: it never fans out again, so no loops.
         return kwargs, caller.role, None if caller.forwarded else _parse_nodes(metadata)

@@ -19,13 +19,20 @@ Documents:
 A call that fails on the node that received it (not a proxied node) fails with the gRPC status
 instead; its trailing metadata carries :data:`MD_ORIGIN` (so the client can tell a node's answer
 from a connection failure) and :data:`MD_FIELDS` (JSON field errors of INVALID_ARGUMENT).
+
+Malformed requests: bytes that are not one JSON object (:func:`decode_request`) and parameters
+that are missing, unknown, of the wrong type or unusable (a NUL, a lone surrogate, too long, out
+of range; :func:`validate`) are INVALID_ARGUMENT naming the request or the fields, before the
+backend sees anything; a message over the transport's limit is RESOURCE_EXHAUSTED from grpc.
+What an error repeats of the request is escaped and bounded (:func:`status_message`,
+:func:`status_fields`), so every status can be sent and received.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -48,8 +55,15 @@ Access = Literal["read", "admin"]
 
 
 def encode(document: object) -> bytes:
-    """Serialise a request/response document."""
-    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+    """Serialise a request/response document.
+
+    A lone surrogate (a file name that is not UTF-8, as Python decodes one) has no UTF-8 form: such
+    a document travels with every non-ASCII character escaped, which JSON readers decode the same.
+    """
+    try:
+        return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(document, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)
@@ -60,14 +74,91 @@ class BadRequest:
 
 
 def decode_request(data: bytes) -> Document | BadRequest:
-    """Parse a request without raising: grpc would turn an exception here into an opaque INTERNAL."""
+    """Parse a request without raising: grpc would turn an exception here into an opaque UNKNOWN
+    carrying the exception's text. A request is UTF-8 JSON text holding one object; the empty
+    message is ``{}``."""
+    if not data:
+        return {}
     try:
-        document = json.loads(data) if data else {}
-    except ValueError as exc:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return BadRequest(f"request is not UTF-8 text: byte {data[exc.start]:#04x} at offset {exc.start}")
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
         return BadRequest(f"request is not valid JSON: {exc}")
+    except ValueError:
+        # The parser's only other ValueError: Python's limit on the digits of an integer.
+        return BadRequest("request is not valid JSON for this API: a number has too many digits")
+    except RecursionError:
+        return BadRequest("request is not valid JSON for this API: it is nested too deeply")
     if not isinstance(document, dict):
-        return BadRequest(f"request must be a JSON object, got {type(document).__name__}")
+        return BadRequest(f"request must be a JSON object, got {_json_type(document)}")
     return document
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array"
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+#: How much of a caller's text an error message repeats (a name, a value), in characters.
+SHOWN_CHARS = 100
+
+
+def shown(text: str, limit: int = SHOWN_CHARS) -> str:
+    """Caller-supplied text as an error repeats it: lone surrogates escaped, at most ``limit``
+    characters (then the number left out)."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+#: The most UTF-8 bytes of a gRPC status message. grpc carries the message in the trailers and a
+#: client drops trailers over 16 KiB whole (the caller then sees RESOURCE_EXHAUSTED and none of
+#: the error); non-ASCII bytes travel percent-encoded, three characters each.
+MAX_STATUS_MESSAGE = 2048
+#: The most bytes of :data:`MD_FIELDS` (JSON, ASCII), for the same reason.
+MAX_STATUS_FIELDS = 4096
+
+
+def status_message(message: str) -> str:
+    """A status message that grpc can send and a client can receive: lone surrogates escaped (grpc
+    cannot encode them and never finishes the call), cut to :data:`MAX_STATUS_MESSAGE` bytes."""
+    data = message.encode("utf-8", "backslashreplace")
+    if len(data) <= MAX_STATUS_MESSAGE:
+        return data.decode("utf-8")
+    cut = data[: MAX_STATUS_MESSAGE - 64].decode("utf-8", "ignore")
+    return f"{cut}... (message cut: {len(data)} bytes)"
+
+
+def status_fields(fields: Sequence[errors.FieldError]) -> str:
+    """The :data:`MD_FIELDS` value of ``fields``: each path and problem :func:`shown`, and the first
+    fields that fit in :data:`MAX_STATUS_FIELDS` (the status message names them all, as far as
+    it goes)."""
+    kept: list[str] = []
+    size = len("[]")
+    for path, problem in fields:
+        item = json.dumps([shown(path), shown(problem, 4 * SHOWN_CHARS)], separators=(",", ":"))
+        size += len(item) + len(",")
+        if size > MAX_STATUS_FIELDS:
+            break
+        kept.append(item)
+    return "[" + ",".join(kept) + "]"
 
 
 def decode(data: bytes) -> Any:
@@ -94,6 +185,13 @@ class Param:
     required: bool = False
     default: object = None
     choices: tuple[str, ...] = ()
+    #: Bounds of an int parameter (every one is a count or a number of seconds).
+    minimum: int = 0
+    maximum: int = 2**31 - 1
+    #: The most characters of a str parameter (None: the message size is the limit). Names,
+    #: paths and references are short (a path at most PATH_MAX); the bound keeps what the node
+    #: does with them, and repeats of them in errors, small.
+    max_length: int | None = 4096
 
 
 @dataclass(frozen=True)
@@ -149,7 +247,7 @@ CALLS: tuple[Call, ...] = (
         "ApplyConfiguration",
         "apply_configuration",
         params=(
-            Param("data", str, required=True),
+            Param("data", str, required=True, max_length=None),
             Param("mode", str, default="reboot", choices=APPLY_MODES),
             Param("dry_run", bool, default=False),
         ),
@@ -195,7 +293,7 @@ CALLS: tuple[Call, ...] = (
         "Bootstrap",
         "bootstrap",
         params=(
-            Param("snapshot", str),
+            Param("snapshot", str, max_length=None),
             Param("self_hosted", bool, default=False),
             Param("checkpointer_image", str),
             Param("checkpointer_grace_period", int),
@@ -228,7 +326,7 @@ def validate(call: Call, request: Mapping[str, Any]) -> dict[str, object]:
     """
     known = {param.name for param in call.params}
     problems: list[errors.FieldError] = [
-        (name, f"unknown parameter (expected one of: {', '.join(sorted(known)) or 'none'})")
+        (shown(name), f"unknown parameter (expected one of: {', '.join(sorted(known)) or 'none'})")
         for name in request
         if name not in known
     ]
@@ -240,15 +338,33 @@ def validate(call: Call, request: Mapping[str, Any]) -> dict[str, object]:
                 problems.append((param.name, "required"))
             kwargs[param.name] = param.default
             continue
-        # bool is a subclass of int in Python but not in JSON: refuse true for an int parameter.
-        if not isinstance(value, param.kind) or (param.kind is int and isinstance(value, bool)):
-            problems.append((param.name, f"must be a {param.kind.__name__}, got {type(value).__name__}"))
-        elif param.choices and value not in param.choices:
-            problems.append((param.name, f"must be one of {', '.join(param.choices)}, got {value!r}"))
+        problem = _problem(param, value)
+        if problem is not None:
+            problems.append((param.name, problem))
         kwargs[param.name] = value
     if problems:
         raise errors.InvalidArgumentError(f"invalid {call.name} request", fields=problems)
     return {**kwargs, **call.fixed}
+
+
+def _problem(param: Param, value: object) -> str | None:
+    """What is wrong with ``value`` for ``param`` (not None), or None."""
+    # bool is a subclass of int in Python but not in JSON: refuse true for an int parameter.
+    if not isinstance(value, param.kind) or (param.kind is int and isinstance(value, bool)):
+        return f"must be a {param.kind.__name__}, got {type(value).__name__}"
+    if isinstance(value, int) and not param.minimum <= value <= param.maximum:
+        return f"must be from {param.minimum} to {param.maximum}, got {shown(str(value), 20)}"
+    if isinstance(value, str):
+        if param.max_length is not None and len(value) > param.max_length:
+            return f"must be at most {param.max_length} characters, got {len(value)}"
+        if "\x00" in value:
+            return "must not contain NUL characters"
+        if not _is_unicode(value):
+            # JSON can escape half of a UTF-16 surrogate pair; no name, path or config holds one.
+            return "must be valid Unicode, not hold a lone UTF-16 surrogate"
+        if param.choices and value not in param.choices:
+            return f"must be one of {', '.join(param.choices)}, got {shown(value)!r}"
+    return None
 
 
 def error_document(code: str, message: str, fields: tuple[errors.FieldError, ...] = ()) -> Document:
