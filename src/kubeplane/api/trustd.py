@@ -6,7 +6,10 @@ node API server certificates. A control plane node serves trustd on port 50001: 
 request ``{"token", "csr"}`` (PEM CSR), response ``{"crt", "ca"}``. The channel is TLS with the
 control plane node's API server certificate (the worker verifies it against the OS CA it has);
 the caller proves itself with the machine token only, compared in constant time. A wrong token
-is ``PERMISSION_DENIED`` and nothing is signed.
+is ``PERMISSION_DENIED`` and nothing is signed. A request that is not that document (not JSON, a
+field missing, unknown or not a string) is ``INVALID_ARGUMENT`` naming the field, one over
+:data:`MAX_REQUEST_BYTES` ``RESOURCE_EXHAUSTED``, and a failure of trustd itself ``INTERNAL``
+without its details (they go to the log).
 
 What trustd signs (:func:`node_certificate`, a pure function of the CSR, the address the request
 comes from, the control plane endpoint and the node's own certificate names). trustd sets the
@@ -63,7 +66,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from kubeplane import pki
-from kubeplane.api import auth
+from kubeplane.api import auth, errors, wire
 
 log = logging.getLogger("kubeplaned.trustd")
 
@@ -73,6 +76,19 @@ METHOD = "/kubeplane.trustd.Trustd/Certificate"
 LIFETIME = datetime.timedelta(days=365)
 #: Where the control plane nodes' addresses are listed (the kube-apiservers' advertise addresses).
 ENDPOINTS_PATH = "/api/v1/namespaces/default/endpoints/kubernetes"
+
+#: The largest request trustd reads: a CSR is a few KiB even with many names, and the caller is
+#: not authenticated yet when grpc reads the message.
+MAX_REQUEST_BYTES = 64 * 1024
+#: The request document (its parameters only; trustd is not a node API call).
+REQUEST = wire.Call(
+    "Certificate",
+    "certificate",
+    params=(
+        wire.Param("token", str, required=True),
+        wire.Param("csr", str, required=True, max_length=None),  # bounded by MAX_REQUEST_BYTES
+    ),
+)
 
 _DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$", re.I)
 _LOCALHOST = "localhost"
@@ -134,6 +150,21 @@ def node_certificate(
         raise Refused(
             grpc.StatusCode.INVALID_ARGUMENT, f"not a PEM certificate signing request: {exc}"
         ) from exc
+    try:
+        # cryptography parses a CSR's parts when they are first read: read them all here, so a
+        # malformed part (a name that is not UTF-8 or of an unknown string type, a duplicate
+        # extension, a key of no known type) is refused as such instead of raising from the
+        # middle of the checks below. What it raises then varies (ValueError, KeyError,
+        # DuplicateExtension, UnsupportedAlgorithm, ...); whatever it is, the CSR is malformed.
+        request.public_key()
+        request.subject.rfc4514_string()
+        for extension in request.extensions:
+            if isinstance(extension.value, x509.SubjectAlternativeName):
+                list(extension.value)
+        request.is_signature_valid  # noqa: B018 (parses the signature algorithm)
+    except Exception as exc:
+        detail = str(exc) if isinstance(exc, ValueError) and str(exc) else "a part of it cannot be read"
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"the CSR is malformed: {detail}") from exc
     if not request.is_signature_valid:
         raise Refused(
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -275,9 +306,11 @@ class TrustdServer:
         self.port = 0
 
     async def start(self, listen: str) -> None:
-        server = grpc.aio.server(options=(("grpc.so_reuseport", 0),))
+        server = grpc.aio.server(
+            options=(("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_REQUEST_BYTES))
+        )
         handler = grpc.unary_unary_rpc_method_handler(
-            self._certificate, request_deserializer=json.loads, response_serializer=_encode
+            self._certificate, request_deserializer=wire.decode_request, response_serializer=_encode
         )
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("kubeplane.trustd.Trustd", {"Certificate": handler}),)
@@ -293,24 +326,40 @@ class TrustdServer:
             await self._server.stop(1.0)
             self._server = None
 
-    async def _certificate(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, str]:
+    async def _certificate(
+        self, request: wire.Document | wire.BadRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> dict[str, str]:
         peer = context.peer()
-        token = str(request.get("token", "")) if isinstance(request, dict) else ""
-        if not self._token or not hmac.compare_digest(token.encode(), self._token):
+        try:
+            return self._sign(request, peer)
+        except Refused as exc:
+            code, message = exc.code, str(exc)
+        except Exception:
+            # A bug, not the caller's doing: logged here, and nothing of it told to the caller.
+            log.exception("trustd: failed on a certificate request from %s", peer)
+            code, message = grpc.StatusCode.INTERNAL, "trustd failed on this request; see its node's log"
+        await context.abort(code, wire.status_message(message))
+        raise AssertionError("unreachable: abort raises")
+
+    def _sign(self, request: wire.Document | wire.BadRequest, peer: str) -> dict[str, str]:
+        """The answer to ``request`` from ``peer``; raises :class:`Refused`."""
+        if isinstance(request, wire.BadRequest):
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"invalid certificate request: {request.reason}")
+        try:
+            fields = wire.validate(REQUEST, request)
+        except errors.InvalidArgumentError as exc:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, exc.message) from exc
+        token, csr = str(fields["token"]).encode(), str(fields["csr"]).encode()
+        if not self._token or not hmac.compare_digest(token, self._token):
             log.warning("trustd: refused a certificate request with a wrong machine token from %s", peer)
-            await context.abort(
+            raise Refused(
                 grpc.StatusCode.PERMISSION_DENIED,
                 "refused the machine token (machine.token): it is not this cluster's",
             )
-        csr = str(request.get("csr", "")).encode()
         try:
             grant = node_certificate(
                 csr, peer=peer, endpoint_host=self._endpoint_host, own_names=self._own_names
             )
-        except Refused as exc:
-            log.warning("trustd: refused a certificate request from %s: %s", peer, exc)
-            await context.abort(exc.code, str(exc))
-        try:
             crt = pki.sign_csr(
                 ca=self._ca,
                 csr=csr,
@@ -321,8 +370,11 @@ class TrustdServer:
                 dns_names=grant.dns_names,
                 ip_addresses=grant.ip_addresses,
             )
+        except Refused as exc:
+            log.warning("trustd: refused a certificate request from %s: %s", peer, exc)
+            raise
         except pki.PKIError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot sign the CSR: {exc}")
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"cannot sign the CSR: {exc}") from exc
         log.info(
             "trustd: signed a node certificate for %s (%s) from %s",
             grant.common_name,
