@@ -145,7 +145,10 @@ class AgentBackend:
     def _path(self, relative: str) -> Path:
         """A caller-supplied path under the node root; escaping it (``..``, symlinks) is refused."""
         root = self._node.paths.root.resolve()
-        candidate = (root / relative.lstrip("/")).resolve()
+        try:
+            candidate = (root / relative.lstrip("/")).resolve()
+        except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+            raise _path_error(relative, exc) from exc
         if candidate != root and root not in candidate.parents:
             message = f"path {relative!r} is outside the node root"
             raise api.InvalidArgumentError(message, fields=[("path", message)])
@@ -159,6 +162,8 @@ class AgentBackend:
             raise api.NotFoundError(f"{path}: no such file on {self._node.name}") from exc
         except IsADirectoryError as exc:
             raise api.InvalidArgumentError(f"{path} is a directory; use ls") from exc
+        except OSError as exc:  # through a file, a name too long, a symlink loop, ...
+            raise _path_error(path, exc) from exc
         try:
             while chunk := await asyncio.to_thread(handle.read, _CHUNK):
                 yield chunk
@@ -167,7 +172,11 @@ class AgentBackend:
 
     async def list_dir(self, *, path: str, recurse: bool) -> list[dict[str, Any]]:
         target = self._path(path)
-        if not target.exists():
+        try:
+            exists = target.exists()
+        except OSError as exc:
+            raise _path_error(path, exc) from exc
+        if not exists:
             raise api.NotFoundError(f"{path}: no such file or directory on {self._node.name}")
         return await asyncio.to_thread(_list, target, self._node.paths.root.resolve(), recurse)
 
@@ -252,6 +261,13 @@ class AgentBackend:
     async def container_logs(self, *, id: str, tail: int | None, follow: bool) -> AsyncIterator[str]:
         async for line in self._node.container_logs(id=id, tail=tail, follow=follow):
             yield line
+
+
+def _path_error(path: str, exc: BaseException) -> api.InvalidArgumentError:
+    """A caller's path the file system refuses to follow, with its reason and not the node's root."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "symlink loop"
+    message = f"path {path!r} cannot be followed: {reason}"
+    return api.InvalidArgumentError(message, fields=[("path", message)])
 
 
 def _list(target: Path, root: Path, recurse: bool) -> list[dict[str, Any]]:

@@ -317,7 +317,8 @@ class Node:
     async def apply_configuration(self, *, data: str, mode: str, dry_run: bool) -> dict[str, Any]:
         """Validate ``data`` and apply it in ``mode`` (see the module docstring)."""
         try:
-            new = config.load(data)
+            # Parsing a big document takes seconds; in a thread, the node serves meanwhile.
+            new = await asyncio.to_thread(config.load, data)
         except config.ConfigError as exc:
             raise api.InvalidArgumentError(
                 f"invalid machine config: {len(exc.errors)} problem(s)",
