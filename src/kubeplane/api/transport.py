@@ -4,9 +4,10 @@ Shared by :class:`~kubeplane.api.client.NodeClient` and by the server when it fo
 calls, so both speak exactly the wire conventions of :mod:`kubeplane.api.wire`.
 
 A failed call becomes :class:`~kubeplane.api.errors.CallError` when a node API answered it (its
-trailing metadata carries :data:`~kubeplane.api.wire.MD_ORIGIN`), or :class:`Unreachable` when
-the endpoint never answered (refused, TLS handshake failed, timed out connecting): only the
-latter is safe to retry on another endpoint, because the call never reached a node.
+trailing metadata carries :data:`~kubeplane.api.wire.MD_ORIGIN`) or the server's grpc refused it
+(a message over :data:`MAX_MESSAGE_BYTES`, an unknown method: every endpoint would answer the
+same), or :class:`Unreachable` when the endpoint never answered (refused, TLS handshake failed,
+timed out connecting): only the latter is retried on another endpoint.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ _CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
+
+
+#: Codes grpc answers with itself, without a node API handler (so without MD_ORIGIN).
+_REFUSED_BY_GRPC = frozenset({"RESOURCE_EXHAUSTED", "UNIMPLEMENTED"})
 
 
 class Unreachable(Exception):
@@ -111,6 +116,10 @@ def call_error(exc: grpc.aio.AioRpcError, *, endpoint: str, node: str | None = N
     details = exc.details() or code
     if _from_node(trailing):
         return errors.CallError(code, details, node=node, fields=_fields(trailing))
+    if code in _REFUSED_BY_GRPC:
+        # The server's grpc refused the call before a handler saw it (too big, no such method):
+        # the endpoint answered, and every other endpoint would answer the same.
+        return errors.CallError(code, details, node=node)
     if code == "DEADLINE_EXCEEDED":
         return errors.CallError(code, f"no answer from {endpoint} within the timeout", node=node)
     if "Socket closed" in details or "andshake" in details:

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import grpc.aio
 import pytest
 
 from kubeplane import api
-from kubeplane.api import auth, errors, wire
+from kubeplane.api import auth, errors, transport, wire
 from kubeplane.api.server import NodeAPIServer, _Failure
 
 pytestmark = pytest.mark.unit
@@ -176,3 +177,30 @@ def test_who_may_call_is_settled_before_the_request_is_read() -> None:
         errors.InvalidArgumentError, match="invalid Version request: request is not valid JSON"
     ):
         server._prepare(version, bad, Context())
+
+
+@pytest.mark.parametrize(
+    ("code", "details"),
+    [
+        (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "SERVER: Received message larger than max (67108865 vs. 67108864)",
+        ),
+        (grpc.StatusCode.UNIMPLEMENTED, "Method not found!"),
+    ],
+)
+def test_a_call_grpc_refused_is_an_answer_not_an_unreachable_endpoint(
+    code: grpc.StatusCode, details: str
+) -> None:
+    # The client tried every other endpoint and then said none could be reached.
+    failure = grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+    error = transport.call_error(failure, endpoint="10.5.0.2:50000")
+    assert isinstance(error, errors.CallError)
+    assert (error.code, error.message) == (code.name, details)
+
+
+def test_a_connection_failure_is_still_unreachable() -> None:
+    failure = grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details="connection refused"
+    )
+    assert isinstance(transport.call_error(failure, endpoint="10.5.0.2:50000"), transport.Unreachable)
