@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 import urllib3
 import yaml
 from kubernetes import client as k8s_client
@@ -25,6 +26,16 @@ from kubernetes import config as k8s_config
 
 #: The ``kubeplane`` console script next to this interpreter (the project's venv).
 KUBEPLANE = str(Path(sys.executable).with_name("kubeplane"))
+
+
+def wait_until(what: str, check: Callable[[], bool], *, timeout: float = 180) -> None:
+    """Poll ``check`` every 2 s until it holds; fail the test naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(2)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def api_client(kubeconfig: Path, *, retries: bool = True) -> Any:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+from e2e_clients import wait_until
 
 from kubeplane.provision import toolchain
 
@@ -57,15 +56,6 @@ def mirror_pods(cluster: E2ECluster) -> dict[str, dict[str, Any]]:
 
 def ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
-
-
-def wait_until(what: str, check: Callable[[], bool], *, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(2)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def kcpc_versions(cluster: E2ECluster, node: str) -> dict[str, int]:

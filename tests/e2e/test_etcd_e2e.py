@@ -11,26 +11,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from e2e_clients import wait_until
 
 if TYPE_CHECKING:
     from conftest import E2ECluster
 
 pytestmark = pytest.mark.e2e
-
-
-def wait_until(what: str, check: Callable[[], bool], *, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(2)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def members(cluster: E2ECluster, node: str) -> list[dict[str, Any]]:
