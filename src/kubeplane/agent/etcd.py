@@ -436,7 +436,15 @@ async def join(client: etcd_client.EtcdClient, *, name: str, peer: str) -> etcd_
         with contextlib.suppress(client_errors.EtcdNotFound):
             await client.member_remove(plan.remove)
     if plan.add:
-        added = await client.member_add([peer], learner=True)
+        try:
+            added = await client.member_add([peer], learner=True)
+        except client_errors.EtcdNotFound as exc:
+            # Seen right after removing a member that was just killed (it may have led): the
+            # cluster is still settling its membership, and a new plan from a fresh list works.
+            raise client_errors.EtcdUnavailable(
+                f"etcd could not add {name} yet, its membership is changing: {exc.message}",
+                endpoint=exc.endpoint,
+            ) from exc
         log.info("etcd: added learner %x with peer URL %s", added.id, peer)
     else:
         log.info("etcd: reusing member %x, which never started", plan.reuse or 0)

@@ -162,6 +162,28 @@ def test_a_member_with_our_name_whose_data_is_lost_is_removed_then_added_anew() 
     assert len(fake.requests("/v3/cluster/member/add")) == 2
 
 
+def test_an_add_refused_as_member_not_found_while_membership_settles_is_retried() -> None:
+    # etcd answered "member not found" to the add right after removing a member that had just
+    # been killed (seen in the integration test); the join must be retried, not given up.
+    fake = cluster(FakeMember(7, "cp2", PEER))
+    respond = fake.respond
+    refusals = [1]
+
+    def settling(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v3/cluster/member/add" and refusals:
+            refusals.pop()
+            fake.calls.append((request.url.host, request.url.path, json.loads(request.content)))
+            return failure(5, "etcdserver: member not found")
+        return respond(request)
+
+    fake.respond = settling  # type: ignore[method-assign]
+    with pytest.raises(errors.EtcdUnavailable) as caught:
+        joined(fake)
+    assert caught.value.retryable and "membership is changing" in str(caught.value)
+    joined(fake)
+    assert [m.peer for m in fake.members if m.learner] == [PEER]
+
+
 def test_a_member_of_ours_that_never_started_is_reused() -> None:
     fake = cluster(FakeMember(8, "", PEER, learner=True))
     plan = joined(fake)
