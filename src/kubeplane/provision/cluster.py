@@ -541,9 +541,10 @@ def _start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Se
     root = node_root(cluster.directory, node.name)
     root.mkdir(parents=True, exist_ok=True)
     try:
-        machine.prepare(root)
+        created = machine.prepare(root)
     except machine.MachineError as exc:
         raise CreateError(f"node {node.name}: {exc}") from exc
+    cluster.host_dirs = list(dict.fromkeys([*cluster.host_dirs, *map(str, created)]))
     record.root_dir = str(root)
     cgroup = f"/{agent_services.NodeServices.cgroup_name_of(machine.machine_id(root))}"
     record.cgroups = [str(path) for path in owned.cgroup_paths([cgroup, f"{cgroup}-shims"])]
@@ -654,6 +655,9 @@ def destroy(
             owned.remove_cgroup(Path(cgroup))
     for path in cluster.cgroups:
         owned.remove_cgroup(Path(path))
+    left = machine.remove_host_dirs([Path(path) for path in cluster.host_dirs])
+    if left:
+        progress(f"keeping mount points another node still mounts on: {', '.join(map(str, left))}")
     progress("stopping the load balancer and the registry")
     for record in cluster.processes.values():
         hostproc.stop(record)

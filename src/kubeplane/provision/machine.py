@@ -29,6 +29,7 @@ step that runs inside the new namespaces: it sets the hostname, makes the bind m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import socket
@@ -91,6 +92,43 @@ def prepare(node_dir: Path, *, host_root: Path = Path("/")) -> list[Path]:
     if not (host_root / MACHINE_ID).is_file():
         raise MachineError(f"{host_root / MACHINE_ID} is missing: a node mounts its own machine ID over it")
     return created
+
+
+def _mounted_anywhere() -> set[str]:
+    """Mount points in every mount namespace on this machine (each read once)."""
+    seen: set[tuple[int, int]] = set()
+    points: set[str] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ns = os.stat(entry / "ns" / "mnt")
+            if (ns.st_ino, ns.st_dev) in seen:
+                continue
+            lines = (entry / "mountinfo").read_text().splitlines()
+        except OSError:
+            continue
+        seen.add((ns.st_ino, ns.st_dev))
+        points.update(line.split()[4] for line in lines if len(line.split()) > 4)
+    return points
+
+
+def remove_host_dirs(paths: Sequence[Path]) -> list[Path]:
+    """Remove the mount-point directories :func:`prepare` created, once nothing uses them.
+
+    A directory is kept while it holds anything or while a node of any cluster (any mount
+    namespace) still mounts on it: removing it would detach that node's mount. Returns the
+    directories kept because they are mounted on.
+    """
+    mounted = _mounted_anywhere()
+    kept = []
+    for path in sorted(paths, key=lambda p: len(p.parts), reverse=True):
+        if str(path) in mounted:
+            kept.append(path)
+            continue
+        with contextlib.suppress(OSError):  # gone already, or not empty: someone put files there
+            path.rmdir()
+    return kept
 
 
 def argv(*, node_dir: Path, hostname: str, command: Sequence[str]) -> list[str]:

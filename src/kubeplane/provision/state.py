@@ -139,6 +139,8 @@ class ClusterState:
     dirs: dict[str, str] = dataclasses.field(default_factory=dict)
     #: cgroup directories to rmdir on destroy (deepest first), cluster-wide.
     cgroups: list[str] = dataclasses.field(default_factory=list)
+    #: Empty mount-point directories this cluster created on the host for its machine nodes.
+    host_dirs: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def path(self) -> Path:
@@ -159,6 +161,7 @@ class ClusterState:
             "processes": {key: rec.to_dict() for key, rec in self.processes.items()},
             "dirs": dict(self.dirs),
             "cgroups": list(self.cgroups),
+            "host_dirs": list(self.host_dirs),
         }
 
     @classmethod
@@ -176,6 +179,7 @@ class ClusterState:
             },
             dirs={str(k): str(v) for k, v in data.get("dirs", {}).items()},
             cgroups=[str(x) for x in data.get("cgroups", [])],
+            host_dirs=[str(x) for x in data.get("host_dirs", [])],
         )
 
     def save(self) -> None:

@@ -55,3 +55,23 @@ def test_the_agent_runs_at_the_default_root_in_new_mount_and_uts_namespaces(tmp_
     assert argv[-3:] == ["kubeplaned", "--listen", "10.5.0.2:50000"]
     assert "--root" not in argv
     assert argv[argv.index("--hostname") + 1] == "cp-1"
+
+
+def test_destroy_removes_the_mount_points_it_made_once_nothing_mounts_on_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unused, busy, filled = tmp_path / "etc/kubernetes", tmp_path / "var/lib/kubelet", tmp_path / "system"
+    for path in (unused, busy, filled):
+        path.mkdir(parents=True)
+    (filled / "someone-elses-file").write_text("kept")
+    # Another cluster's node still has its bind mount on this one.
+    monkeypatch.setattr(machine, "_mounted_anywhere", lambda: {str(busy)})
+    kept = machine.remove_host_dirs([unused, busy, filled])
+    assert kept == [busy]
+    assert not unused.exists()
+    assert busy.is_dir()
+    assert (filled / "someone-elses-file").read_text() == "kept"
+
+
+def test_this_namespaces_mounts_are_seen() -> None:
+    assert "/" in machine._mounted_anywhere()
