@@ -9,7 +9,6 @@ they work on a terminal and through a pipe or pseudo-terminal.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from datetime import timedelta
 from typing import Any
@@ -20,7 +19,7 @@ from kubernetes import client as k8s_client
 from kubeplane import config as machine_config
 from kubeplane import pki
 from kubeplane.cli import connect, lease
-from kubeplane.cli.upgrade import REQUEST_TIMEOUT, NodeAPIAdapter, with_server
+from kubeplane.cli.upgrade import NodeAPIAdapter, with_server
 from kubeplane.clients import etcd as etcd_client
 from kubeplane.clients import kube as kube_client
 from kubeplane.ops import convert, oplock
@@ -54,16 +53,13 @@ class KubeplaneEnv:
             self.api_client = client
         return self._core, self._apps
 
-    async def _call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(function, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
-
     async def close(self) -> None:
         await self.nodes.close()
 
     async def master_nodes(self) -> list[tuple[str, str]]:
         core, _ = await self._kube()
         found = []
-        for node in (await self._call(core.list_node)).items:
+        for node in (await kube_client.call(core.list_node)).items:
             labels = node.metadata.labels or {}
             ips = [a.address for a in node.status.addresses or () if a.type == "InternalIP"]
             if ips and any(label in labels for label in CONTROL_PLANE_LABELS):
@@ -82,7 +78,7 @@ class KubeplaneEnv:
     async def secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
         core, _ = await self._kube()
         try:
-            secret = await self._call(core.read_namespaced_secret, name, namespace)
+            secret = await kube_client.call(core.read_namespaced_secret, name, namespace)
         except k8s_client.ApiException as exc:
             if exc.status == 404:
                 return None
@@ -93,7 +89,7 @@ class KubeplaneEnv:
     async def daemonset_image(self, name: str) -> str | None:
         _, apps = await self._kube()
         try:
-            ds = await self._call(apps.read_namespaced_daemon_set, name, "kube-system")
+            ds = await kube_client.call(apps.read_namespaced_daemon_set, name, "kube-system")
         except k8s_client.ApiException as exc:
             if exc.status == 404:
                 return None
@@ -113,7 +109,7 @@ class KubeplaneEnv:
     async def delete_daemonset(self, name: str) -> bool:
         _, apps = await self._kube()
         try:
-            await self._call(apps.delete_namespaced_daemon_set, name, "kube-system")
+            await kube_client.call(apps.delete_namespaced_daemon_set, name, "kube-system")
         except k8s_client.ApiException as exc:
             if exc.status == 404:
                 return False
@@ -123,7 +119,7 @@ class KubeplaneEnv:
     async def system_pods(self) -> list[convert.Pod]:
         core, _ = await self._kube()
         pods = []
-        for item in (await self._call(core.list_namespaced_pod, "kube-system")).items:
+        for item in (await kube_client.call(core.list_namespaced_pod, "kube-system")).items:
             conditions = item.status.conditions or ()
             pods.append(
                 convert.Pod(
@@ -141,7 +137,7 @@ class KubeplaneEnv:
     async def force_delete_pod(self, name: str) -> None:
         core, _ = await self._kube()
         try:
-            await self._call(core.delete_namespaced_pod, name, "kube-system", grace_period_seconds=0)
+            await kube_client.call(core.delete_namespaced_pod, name, "kube-system", grace_period_seconds=0)
         except k8s_client.ApiException as exc:
             if exc.status != 404:
                 raise

@@ -6,15 +6,13 @@ would serialize a datetime without them when its microseconds are zero, which th
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 from typing import Any
 
 from kubernetes import client as k8s_client
 
+from kubeplane.clients import kube as kube_client
 from kubeplane.ops import oplock
-
-REQUEST_TIMEOUT = 10
 
 
 def _micro(stamp: datetime.datetime) -> str:
@@ -44,12 +42,9 @@ class KubeLeaseStore:
     def __init__(self, api_client: Any) -> None:
         self._api = k8s_client.CoordinationV1Api(api_client)
 
-    async def _call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(function, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
-
     async def read(self) -> oplock.Lease | None:
         try:
-            found = await self._call(self._api.read_namespaced_lease, oplock.NAME, oplock.NAMESPACE)
+            found = await kube_client.call(self._api.read_namespaced_lease, oplock.NAME, oplock.NAMESPACE)
         except k8s_client.ApiException as exc:
             if exc.status == 404:
                 return None
@@ -66,7 +61,7 @@ class KubeLeaseStore:
 
     async def create(self, lease: oplock.Lease) -> bool:
         try:
-            await self._call(self._api.create_namespaced_lease, oplock.NAMESPACE, _body(lease))
+            await kube_client.call(self._api.create_namespaced_lease, oplock.NAMESPACE, _body(lease))
         except k8s_client.ApiException as exc:
             if exc.status == 409:
                 return False
@@ -75,7 +70,9 @@ class KubeLeaseStore:
 
     async def replace(self, lease: oplock.Lease) -> bool:
         try:
-            await self._call(self._api.replace_namespaced_lease, oplock.NAME, oplock.NAMESPACE, _body(lease))
+            await kube_client.call(
+                self._api.replace_namespaced_lease, oplock.NAME, oplock.NAMESPACE, _body(lease)
+            )
         except k8s_client.ApiException as exc:
             if exc.status in (404, 409):
                 return False
@@ -87,7 +84,9 @@ class KubeLeaseStore:
             preconditions=k8s_client.V1Preconditions(resource_version=lease.resource_version)
         )
         try:
-            await self._call(self._api.delete_namespaced_lease, oplock.NAME, oplock.NAMESPACE, body=options)
+            await kube_client.call(
+                self._api.delete_namespaced_lease, oplock.NAME, oplock.NAMESPACE, body=options
+            )
         except k8s_client.ApiException as exc:
             if exc.status not in (404, 409):
                 raise

@@ -48,8 +48,6 @@ from kubeplane.provision import loadbalancer
 from kubeplane.provision import state as cluster_state
 from kubeplane.resources import catalog
 
-#: Seconds each Kubernetes API request may take before it counts as failed (and is retried).
-REQUEST_TIMEOUT = 10
 #: A repeated identical "retrying error" line is printed again only after this many seconds.
 REPEAT_AFTER = 10.0
 #: How long a restored haproxy server may take to pass its health check and rejoin.
@@ -159,15 +157,12 @@ class KubeAPIAdapter:
         self._core = k8s_client.CoreV1Api(api_client)
         self._apps = k8s_client.AppsV1Api(api_client)
 
-    async def _call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(function, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
-
     def lease_store(self) -> oplock.LeaseStore:
         """The cluster operation Lease (one upgrade-k8s / convert-k8s at a time)."""
         return lease.KubeLeaseStore(self.api_client)
 
     async def nodes(self) -> list[upgrade.ClusterNode]:
-        result = await self._call(self._core.list_node)
+        result = await kube_client.call(self._core.list_node)
         nodes = []
         for item in result.items:
             labels = item.metadata.labels or {}
@@ -184,7 +179,7 @@ class KubeAPIAdapter:
         return sorted(nodes, key=lambda node: (not node.control_plane, node.name))
 
     async def mirror_pod(self, *, node_name: str, component: str) -> upgrade.PodState | None:
-        result = await self._call(
+        result = await kube_client.call(
             self._core.list_namespaced_pod,
             "kube-system",
             label_selector=f"k8s-app={component}",
@@ -203,7 +198,7 @@ class KubeAPIAdapter:
 
     async def daemonset(self, namespace: str, name: str) -> upgrade.RolloutState | None:
         try:
-            item = await self._call(self._apps.read_namespaced_daemon_set, name, namespace)
+            item = await kube_client.call(self._apps.read_namespaced_daemon_set, name, namespace)
         except k8s_client.ApiException as exc:
             if exc.status == 404:
                 return None
@@ -222,11 +217,11 @@ class KubeAPIAdapter:
 
     async def set_daemonset_image(self, namespace: str, name: str, *, container: str, image: str) -> None:
         body = {"spec": {"template": {"spec": {"containers": [{"name": container, "image": image}]}}}}
-        await self._call(self._apps.patch_namespaced_daemon_set, name, namespace, body)
+        await kube_client.call(self._apps.patch_namespaced_daemon_set, name, namespace, body)
 
     async def kubelet(self, node_name: str) -> upgrade.KubeletState | None:
         try:
-            item = await self._call(self._core.read_node, node_name)
+            item = await kube_client.call(self._core.read_node, node_name)
         except k8s_client.ApiException as exc:
             if exc.status == 404:
                 return None

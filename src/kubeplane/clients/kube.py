@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import logging
 import socket
@@ -47,6 +48,15 @@ _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     urllib3.exceptions.ProtocolError,
     urllib3.exceptions.NewConnectionError,
 )
+
+
+#: Seconds one request of the official client may take (every call made through :func:`call`).
+REQUEST_TIMEOUT = 10
+
+
+async def call(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a call of the official (blocking) client in a thread, bounded by :data:`REQUEST_TIMEOUT`."""
+    return await asyncio.to_thread(function, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
 
 
 def api_client(kubeconfig: str | bytes, *, context: str | None = None) -> Any:
