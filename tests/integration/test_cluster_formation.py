@@ -138,8 +138,8 @@ def agent(
         with contextlib.suppress(Exception):
             started.process.wait(timeout=90)
         processes.forget(started)
-        cgroup = f"/{agent_services.NodeServices.cgroup_name(root)}"
-        leftovers = [path for path in owned.cgroup_paths([cgroup, f"{cgroup}-shims"]) if path.exists()]
+        cgroups = agent_services.NodeServices.node_cgroups(root)
+        leftovers = [path for path in owned.cgroup_paths(cgroups) if path.exists()]
         assert not leftovers, f"kubeplaned left cgroups behind: {leftovers}"
 
 

@@ -231,10 +231,9 @@ class NodeServices:
             if self.control_plane
             else None
         )
-        self.cgroup_root = f"/{self.cgroup_name(paths.root)}"
-        #: containerd's runc runtime puts its shims here (``ShimCgroup``), so they are found by
-        #: membership at halt, never by a command line that other containerds could share.
-        self.shim_cgroup = f"{self.cgroup_root}-shims"
+        #: containerd's runc runtime puts its shims in ``shim_cgroup`` (``ShimCgroup``), so they are
+        #: found by membership at halt, never by a command line that other containerds could share.
+        self.cgroup_root, self.shim_cgroup = self.node_cgroups(paths.root)
         self.mounts = owned.MountLedger([paths.kubelet_root, paths.containerd_root, paths.containerd_state])
         self._labeler: asyncio.Task[None] | None = None
         self._unobserve: Callable[[], None] | None = None
@@ -250,6 +249,12 @@ class NodeServices:
         path = root / "etc" / "machine-id"
         machine_id = path.read_text().strip() if path.is_file() else ""
         return NodeServices.cgroup_name_of(machine_id or str(root))
+
+    @staticmethod
+    def node_cgroups(root: Path) -> tuple[str, str]:
+        """The cgroups of the node at ``root``: the kubelet's cgroup root and containerd's shims'."""
+        cgroup_root = f"/{NodeServices.cgroup_name(root)}"
+        return cgroup_root, f"{cgroup_root}-shims"
 
     @staticmethod
     def cgroup_name_of(identity: str) -> str:

@@ -43,7 +43,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -546,8 +545,9 @@ def _start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Se
         raise CreateError(f"node {node.name}: {exc}") from exc
     cluster.host_dirs = list(dict.fromkeys([*cluster.host_dirs, *map(str, created)]))
     record.root_dir = str(root)
-    cgroup = f"/{agent_services.NodeServices.cgroup_name_of(machine.machine_id(root))}"
-    record.cgroups = [str(path) for path in owned.cgroup_paths([cgroup, f"{cgroup}-shims"])]
+    # The node's /etc/machine-id is the one in its directory (machine.prepare made it).
+    cgroups = agent_services.NodeServices.node_cgroups(root)
+    record.cgroups = [str(path) for path in owned.cgroup_paths(cgroups)]
     cluster.save()
     existing = record.processes.get(AGENT)
     if existing is not None and hostproc.is_running(existing):
@@ -795,8 +795,7 @@ def unmount_under(root: Path) -> None:
         if not points:
             return
         for point in points:
-            if subprocess.run(["umount", str(point)], check=False, capture_output=True).returncode != 0:
-                subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
+            owned.unmount(point)
     left = owned.mounts_under(root)
     if left:
         raise ClusterError(

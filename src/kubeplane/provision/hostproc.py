@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kubeplane import fileio
+
 
 class HostProcessError(Exception):
     """A host process could not be started or stopped; the message names it and its log."""
@@ -166,9 +168,7 @@ def start(
 def write_pidfile(path: Path, pid: int) -> None:
     """Write ``pid`` to ``path`` atomically (a reader never sees a half-written number)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(f"{pid}\n")
-    os.replace(tmp, path)
+    fileio.write_atomic(path, f"{pid}\n", mode=fileio.PUBLIC_MODE)
 
 
 def _wait_gone(record: ProcessRecord, timeout: float) -> bool:

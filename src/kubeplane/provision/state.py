@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from kubeplane import fileio
 from kubeplane.provision import hostproc
 
 #: Environment variable naming the directory that holds one directory per cluster.
@@ -185,13 +186,8 @@ class ClusterState:
     def save(self) -> None:
         """Write the state atomically: a crash leaves either the old or the new file, whole."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{STATE_FILE}.tmp")
-        with tmp.open("w") as out:
-            json.dump(self.to_dict(), out, indent=2, sort_keys=True)
-            out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, self.path)
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+        fileio.write_atomic(self.path, text, mode=fileio.PUBLIC_MODE)
 
     @classmethod
     def load(cls, name: str, *, root: Path | None = None) -> ClusterState:
