@@ -199,10 +199,11 @@ async def held(
     holder = me or this_process(operation)
     lease = await acquire(store, me=holder, now=now, alive=alive)
     body = asyncio.current_task()
+    # Cancellations already pending on the body: ours is taken back only if it is the last one.
+    cancelling = body.cancelling() if body is not None else 0
     lost: list[str] = []
 
     async def renew() -> None:
-        nonlocal lease
         while True:
             await asyncio.sleep(renew_every)
             try:
@@ -217,14 +218,14 @@ async def held(
                 return
             renewed = dataclasses.replace(current, renewed=now())
             with contextlib.suppress(Exception):  # a failed renewal is retried on the next tick
-                if await store.replace(renewed):
-                    lease = (await store.read()) or lease
+                await store.replace(renewed)
 
     renewer = asyncio.create_task(renew(), name="renew the cluster operation lease")
     try:
         yield lease
     except asyncio.CancelledError:
-        if lost:
+        # Our own cancellation becomes the error that says why; one from elsewhere stays.
+        if lost and body is not None and body.uncancel() <= cancelling:
             raise OperationLocked(
                 f"{operation} stopped: it lost the Lease {NAMESPACE}/{NAME} to {lost[0]}; re-run it "
                 "once that operation has finished"
