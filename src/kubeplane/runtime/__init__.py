@@ -6,7 +6,8 @@ Modules:
   :class:`Input` / :class:`InputKind` (weak, strong), :class:`Output` / :class:`OutputKind`
   (exclusive, shared) — the semantics are documented there;
 - :mod:`~kubeplane.runtime.context`: :class:`ReconcileContext`, what ``reconcile(ctx)`` gets: reads,
-  writes limited to declared outputs, ``cleanup``, ``requeue_after``, a logger on the
+  writes limited to declared outputs, ``cleanup``, ``requeue_after``, background tasks for long
+  waits (``start_task``, ``task``, ``stop_task``: their end queues the controller), a logger on the
   ``controller-runtime`` stream (:data:`LOGGER_NAME`) prefixing every line with the controller name;
 - :mod:`~kubeplane.runtime.runtime`: :class:`Runtime` — register, start/stop, coalesced reconciles,
   exponential backoff on failure.

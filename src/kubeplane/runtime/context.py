@@ -3,13 +3,18 @@
 Reads go straight to the state (and record strong-input use, see :mod:`~kubeplane.runtime.controller`);
 writes are checked against the controller's declared outputs and carry the controller's name as
 owner, so a controller can neither write a type it did not declare nor touch resources it does not own.
+
+A reconcile returns promptly: a wait that lasts (an etcd watch, a distributed lock) runs as one of
+the controller's background tasks (:meth:`ReconcileContext.start_task`, kept by
+:class:`ControllerTasks`), and the end of that task queues the controller like an input change.
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import logging
-from collections.abc import Callable, Collection, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, MutableMapping, Sequence
 from typing import Any
 
 from kubeplane.resources import Phase, Resource, Spec, State, Watch
@@ -34,6 +39,49 @@ def controller_logger(name: str) -> ControllerLogger:
     return ControllerLogger(logging.getLogger(LOGGER_NAME), {"controller": name})
 
 
+class ControllerTasks:
+    """One controller's background tasks by name; the end of one calls ``on_end`` (queues it).
+
+    A task that was replaced or stopped no longer counts: its end queues nothing. The runtime
+    cancels them all when it stops (:meth:`stop_all`).
+    """
+
+    def __init__(self, owner: str, on_end: Callable[[], None]) -> None:
+        self.owner = owner
+        self._on_end = on_end
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+
+    def get(self, name: str) -> asyncio.Task[Any] | None:
+        return self._tasks.get(name)
+
+    def start(self, name: str, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        previous = self._tasks.pop(name, None)
+        if previous is not None:
+            previous.cancel()
+        task = asyncio.get_running_loop().create_task(work, name=f"{self.owner}: {name}")
+        self._tasks[name] = task
+        task.add_done_callback(lambda done: self._ended(name, done))
+        return task
+
+    async def stop(self, name: str) -> asyncio.Task[Any] | None:
+        task = self._tasks.pop(name, None)
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+        return task
+
+    async def stop_all(self) -> None:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _ended(self, name: str, task: asyncio.Task[Any]) -> None:
+        if self._tasks.get(name) is task:
+            self._on_end()
+
+
 class ReconcileContext:
     """State access for one reconcile of one controller (created by the runtime)."""
 
@@ -46,6 +94,7 @@ class ReconcileContext:
         outputs: Sequence[Output],
         logger: ControllerLogger,
         requeue: Callable[[float], None],
+        tasks: ControllerTasks,
     ) -> None:
         self.state = state
         self.name = name
@@ -53,6 +102,7 @@ class ReconcileContext:
         self._strong = [item for item in inputs if item.kind is InputKind.STRONG]
         self._output_types = {output.type for output in outputs}
         self._requeue = requeue
+        self._tasks = tasks
         #: (namespace, type, id) of strong-input resources read while running in this reconcile.
         self.used: set[tuple[str, str, str]] = set()
 
@@ -133,6 +183,34 @@ class ReconcileContext:
         asks again on each run.
         """
         self._requeue(seconds)
+
+    # -- background tasks: long waits never hold up a reconcile ------------------------------
+
+    def task(self, name: str) -> asyncio.Task[Any] | None:
+        """This controller's background task ``name``, running or finished; None when there is none.
+
+        A finished task stays until :meth:`start_task` replaces it or :meth:`stop_task` takes it,
+        so the reconcile its end queued can read its result.
+        """
+        return self._tasks.get(name)
+
+    def start_task(self, name: str, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``work`` as this controller's background task ``name``; its end queues a reconcile.
+
+        For a wait that lasts (a watch, a lock): the reconcile returns at once, input changes keep
+        reaching the controller meanwhile, and the reconcile that the end queues reads the outcome
+        through :meth:`task`. A task of that name still running is cancelled (its end then queues
+        nothing). Every task is cancelled when the runtime stops. Like a reconcile, the task runs
+        on the event loop: blocking calls go to a thread (``asyncio.to_thread``).
+        """
+        return self._tasks.start(name, work)
+
+    async def stop_task(self, name: str) -> asyncio.Task[Any] | None:
+        """Take task ``name`` away: cancel it when it still runs and wait until it has ended.
+
+        Returns the task (None when there was none); a finished one's outcome is read from it.
+        """
+        return await self._tasks.stop(name)
 
     # -- internals ---------------------------------------------------------------------------
 

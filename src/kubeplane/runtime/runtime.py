@@ -9,6 +9,10 @@ soon as one of its inputs changes, whichever comes first (a new input may be the
 patch must not wait out a 30 s backoff); the delay resets after a success. A watch that falls
 behind is restarted and queues a reconcile, which is enough because reconciles read the current
 state rather than the events.
+
+Nothing a controller does may block the event loop, and no reconcile waits for long: a wait that
+lasts runs as a background task of the controller (``ctx.start_task``), whose end queues the
+controller like an input change; :meth:`Runtime.stop` cancels those tasks too.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import functools
 from types import TracebackType
 
 from kubeplane.resources import EventKind, FellBehindError, Phase, State, Watch
-from kubeplane.runtime.context import ControllerLogger, ReconcileContext, controller_logger
+from kubeplane.runtime.context import ControllerLogger, ControllerTasks, ReconcileContext, controller_logger
 from kubeplane.runtime.controller import Controller, Input, InputKind, OutputKind
 from kubeplane.runtime.errors import RegistrationError
 
@@ -32,6 +36,10 @@ class _Entry:
     wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     timer: asyncio.TimerHandle | None = None
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
+    background: ControllerTasks = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.background = ControllerTasks(self.controller.name, self.wake.set)
 
     def cancel_timer(self) -> None:
         if self.timer is not None:
@@ -96,7 +104,9 @@ class Runtime:
             entry.tasks.clear()
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(
+            *tasks, *(entry.background.stop_all() for entry in self._entries.values()), return_exceptions=True
+        )
         self._started = False
 
     async def run(self) -> None:
@@ -146,6 +156,7 @@ class Runtime:
                 outputs=controller.outputs,
                 logger=entry.logger,
                 requeue=functools.partial(self._requeue, entry),
+                tasks=entry.background,
             )
             try:
                 await controller.reconcile(ctx)

@@ -333,3 +333,104 @@ def test_an_input_change_cuts_the_backoff_of_a_failing_controller_short() -> Non
     times, changed = asyncio.run(scenario())
     # Retried right after the change, not after the 10 s backoff.
     assert times[1] - changed < 1.0
+
+
+def test_a_long_wait_is_a_background_task_whose_end_queues_the_controller() -> None:
+    """The reconcile returns at once; input changes keep reaching the controller while the wait is
+    pending; the wait's end queues one more reconcile, which reads the task's result."""
+
+    async def scenario() -> None:
+        released = asyncio.Event()
+        seen: list[str] = []
+
+        async def wait_for_release() -> str:
+            await released.wait()
+            return "released"
+
+        def body(ctx: ReconcileContext) -> None:
+            task = ctx.task("wait")
+            if task is None:
+                ctx.start_task("wait", wait_for_release())
+                seen.append("started")
+            elif task.done():
+                seen.append(task.result())
+            else:
+                seen.append("still waiting")
+
+        controller = FakeController("test.Waiter", [Input(NS, SOURCES)], [], body)
+        state = make_state()
+        runtime = Runtime(state)
+        runtime.register(controller)
+        async with runtime:
+            await wait_until(lambda: seen == ["started"])
+            state.create(NS, SOURCES, "x", spec=ValueSpec())
+            await wait_until(lambda: seen == ["started", "still waiting"])
+            await asyncio.sleep(0.02)
+            assert controller.runs == 2, "a pending background task queues nothing by itself"
+            released.set()
+            await wait_until(lambda: seen == ["started", "still waiting", "released"])
+            await asyncio.sleep(0.02)
+            assert controller.runs == 3
+
+    asyncio.run(scenario())
+
+
+def test_a_replaced_or_stopped_background_task_is_cancelled_and_queues_nothing() -> None:
+    async def scenario() -> None:
+        tasks: list[asyncio.Task[object]] = []
+        stopped: list[asyncio.Task[object] | None] = []
+
+        async def body(ctx: ReconcileContext) -> None:
+            if controller.runs == 1:
+                tasks.append(ctx.start_task("wait", asyncio.Event().wait()))
+                tasks.append(ctx.start_task("wait", asyncio.Event().wait()))
+                tasks.append(ctx.start_task("other", asyncio.Event().wait()))
+            elif controller.runs == 2:
+                stopped.append(await ctx.stop_task("wait"))
+                stopped.append(await ctx.stop_task("missing"))
+
+        controller = FakeController("test.Replacer", [Input(NS, SOURCES)], [], body)
+        state = make_state()
+        runtime = Runtime(state)
+        runtime.register(controller)
+        async with runtime:
+            await wait_until(lambda: len(tasks) == 3)
+            await asyncio.sleep(0.02)
+            assert tasks[0].cancelled(), "starting a task of the same name cancels the running one"
+            assert controller.runs == 1, "a replaced task's end queues nothing"
+            state.create(NS, SOURCES, "x", spec=ValueSpec())
+            await wait_until(lambda: len(stopped) == 2)
+            assert stopped == [tasks[1], None]
+            assert tasks[1].cancelled(), "stop_task waits until the task has ended"
+            await asyncio.sleep(0.02)
+            assert controller.runs == 2, "a stopped task's end queues nothing"
+            assert not tasks[2].done()
+        assert tasks[2].cancelled(), "stopping the runtime cancels the background tasks"
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_background_task_queues_the_controller_with_its_error() -> None:
+    async def scenario() -> list[str]:
+        errors: list[str] = []
+
+        async def fail() -> None:
+            await asyncio.sleep(0.01)
+            raise ValueError("lost the lock")
+
+        async def body(ctx: ReconcileContext) -> None:
+            task = await ctx.stop_task("work")
+            if task is None:
+                ctx.start_task("work", fail())
+                return
+            exception = task.exception()
+            errors.append(str(exception))
+
+        controller = FakeController("test.Failer", [], [], body)
+        runtime = Runtime(make_state())
+        runtime.register(controller)
+        async with runtime:
+            await wait_until(lambda: bool(errors))
+        return errors
+
+    assert asyncio.run(scenario()) == ["lost the lock"]
