@@ -2,10 +2,11 @@
 ``runtime/BootstrapStatuses/control-plane`` {selfHostedControlPlane}.
 
 The control plane counts as self-hosted while the key holds ``"true"``; any other value, or no key,
-means static pods. Each reconcile reads the key, publishes the flag, then watches the key for up
-to ``watch_window`` seconds and asks to run again at once when the watch ends — so a put or delete
-is seen within a watch round-trip, and a change of the etcd secrets (the only input) is picked
-up within one window at the latest, without a background task outliving the reconcile.
+means static pods. Each reconcile reads the key, publishes the flag and returns; a background task
+of the controller (``ctx.start_task``) watches the key from the revision read, for up to
+``watch_window`` seconds, and its end queues the next reconcile — so a put or delete is seen
+within a watch round-trip. A change of the etcd secrets (the only input) reconciles at once: the
+watch on the old client is stopped before that client is replaced.
 
 While etcd cannot be reached the published value is kept as it is, and nothing is published
 before etcd answered once. Rejected alternative: publishing ``false`` when etcd is down — on a
@@ -16,12 +17,17 @@ self-hosted ones, which is exactly what the flag exists to prevent; "unknown" mu
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from kubeplane.clients import errors as client_errors
+from kubeplane.clients import etcd as etcd_client
 from kubeplane.controllers.k8s import etcd_access, outputs
 from kubeplane.resources import catalog
-from kubeplane.runtime import Input, Output, ReconcileContext
+from kubeplane.runtime import ControllerLogger, Input, Output, ReconcileContext
+
+#: The controller's background task that watches the key.
+WATCH_TASK = "watch"
 
 
 class BootstrapStatusController:
@@ -44,6 +50,9 @@ class BootstrapStatusController:
 
     async def reconcile(self, ctx: ReconcileContext) -> None:
         secrets = ctx.find(catalog.SECRETS_NAMESPACE, catalog.ETCD_SECRETS, etcd_access.ETCD_SECRETS_ID)
+        # Whatever queued this run (the watch ended, the secrets changed, a retry), the key is read
+        # afresh and watched anew; the old watch goes first, so it never outlives its client.
+        await ctx.stop_task(WATCH_TASK)
         if secrets is None:
             await self.etcd.aclose()
             return
@@ -70,15 +79,16 @@ class BootstrapStatusController:
                     value.decode(errors="replace"),
                     spec.self_hosted_control_plane,
                 )
+        ctx.start_task(WATCH_TASK, self._watch(client, start_revision=result.revision + 1, logger=ctx.logger))
+
+    async def _watch(
+        self, client: etcd_client.EtcdClient, *, start_revision: int, logger: ControllerLogger
+    ) -> None:
+        """Return at the key's first change or after the window; after ``retry_interval`` when it fails."""
         try:
             await etcd_access.wait_for_change(
-                client,
-                etcd_access.INITIALIZED_KEY,
-                start_revision=result.revision + 1,
-                timeout=self.watch_window,
+                client, etcd_access.INITIALIZED_KEY, start_revision=start_revision, timeout=self.watch_window
             )
         except client_errors.EtcdError as exc:
-            ctx.logger.info("watching the initialized status failed, retrying: %s", exc)
-            ctx.requeue_after(self.retry_interval)
-            return
-        ctx.requeue_after(0)
+            logger.info("watching the initialized status failed, retrying: %s", exc)
+            await asyncio.sleep(self.retry_interval)

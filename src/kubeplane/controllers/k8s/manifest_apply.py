@@ -11,6 +11,12 @@ Every control plane node runs this controller; the etcd lock ``kubeplane:v1:mani
 Objects are applied in manifest id order, Namespaces first and CustomResourceDefinitions next
 so that what depends on them finds them.
 
+The endpoint check, the lock wait and the apply run as the controller's background task
+(``ctx.start_task``), so a reconcile returns at once however long another node holds the lock.
+The reconcile that the task's end queues publishes its outcome, and starts another apply only
+when the inputs changed meanwhile; changes seen while an apply runs wait for it, as changes
+during a reconcile wait for that reconcile.
+
 Default mode, as the original: each object is read and created when missing, never updated or
 deleted. Unlike the original, which stopped at the first failure, a failing object is recorded
 against its manifest and the rest is still applied; the status lists the manifests applied
@@ -24,6 +30,7 @@ live object the diff is logged before the real apply. Nothing is ever deleted.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 from collections.abc import Mapping, Sequence
@@ -34,11 +41,13 @@ import httpx
 from kubeplane.clients import errors as client_errors
 from kubeplane.controllers import ControllerError
 from kubeplane.controllers.k8s import etcd_access, kube_rest, outputs, render
-from kubeplane.resources import catalog
+from kubeplane.resources import Resource, catalog
 from kubeplane.runtime import ControllerLogger, Input, Output, ReconcileContext
 
 K8S_CERTS_ID = "k8s-certs"
 STATUS_ID = "manifests"
+#: The controller's background task that waits for the endpoint and the lock, then applies.
+APPLY_TASK = "apply"
 FIELD_MANAGER = "kubeplane"
 _APPLY_PATCH = "application/apply-patch+yaml"
 _KIND_RANK = {"Namespace": 0, "CustomResourceDefinition": 1}
@@ -169,6 +178,24 @@ async def apply_manifests(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What one apply works from; plans are equal when every input resource has the same version."""
+
+    kubeconfig: str = dataclasses.field(compare=False)
+    etcd: Resource = dataclasses.field(compare=False)
+    manifests: Sequence[tuple[str, Sequence[Mapping[str, Any]]]] = dataclasses.field(compare=False)
+    versions: tuple[tuple[str, str, str, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+    """How one apply ended: the status to publish (None: not applied, retry later)."""
+
+    plan: _Plan
+    status: catalog.ManifestStatusSpec | None
+
+
 class ManifestApplyController:
     """Applies the bootstrap and extra manifests to the API server (see module docstring)."""
 
@@ -196,28 +223,59 @@ class ManifestApplyController:
         self.lock_ttl = lock_ttl
 
     async def reconcile(self, ctx: ReconcileContext) -> None:
+        plan = self._plan(ctx)
+        running = ctx.task(APPLY_TASK)
+        if running is not None and not running.done():
+            return  # its end queues this controller; what changed meanwhile is looked at then
+        finished = await ctx.stop_task(APPLY_TASK)
+        if finished is not None and not finished.cancelled():
+            outcome: _Outcome = finished.result()  # an unexpected error fails this reconcile: backoff
+            if outcome.status is not None:
+                namespace, type_name = catalog.CONTROLPLANE_NAMESPACE, catalog.MANIFEST_STATUSES
+                outputs.publish(ctx, namespace, type_name, STATUS_ID, outcome.status)
+            if plan == outcome.plan:
+                if outcome.status is None or outcome.status.errors:
+                    ctx.requeue_after(self.retry_interval)
+                return
+        if plan is not None:
+            ctx.start_task(APPLY_TASK, self._apply(plan, ctx.logger))
+
+    def _plan(self, ctx: ReconcileContext) -> _Plan | None:
+        """The inputs of an apply, None while there is nothing to apply."""
         bootstrap = ctx.find(
             catalog.RUNTIME_NAMESPACE, catalog.BOOTSTRAP_STATUSES, catalog.BOOTSTRAP_STATUS_ID
         )
         if bootstrap is None or not isinstance(bootstrap.spec, catalog.BootstrapStatusSpec):
-            return
+            return None
         if bootstrap.spec.self_hosted_control_plane:
             ctx.logger.debug("control plane is self-hosted; not applying manifests")
-            return
+            return None
         k8s = ctx.find(catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, K8S_CERTS_ID)
         etcd = ctx.find(catalog.SECRETS_NAMESPACE, catalog.ETCD_SECRETS, etcd_access.ETCD_SECRETS_ID)
         kubeconfig = str(k8s.spec.to_dict().get("localAdminKubeconfig") or "") if k8s else ""
-        if not kubeconfig or etcd is None:
-            return
-        manifests = [
-            (resource.id, resource.spec.to_dict()["items"])
+        if not kubeconfig or k8s is None or etcd is None:
+            return None
+        resources = [
+            resource
             for namespace in (catalog.CONTROLPLANE_NAMESPACE, catalog.EXTRAS_NAMESPACE)
             for resource in ctx.list(namespace, catalog.MANIFESTS)
             if isinstance(resource.spec, catalog.ManifestSpec)
         ]
-        if not manifests:
-            return
-        async with kube_rest.KubeRest(kubeconfig) as api:
+        if not resources:
+            return None
+        return _Plan(
+            kubeconfig=kubeconfig,
+            etcd=etcd,
+            manifests=[(resource.id, resource.spec.to_dict()["items"]) for resource in resources],
+            versions=tuple(
+                (item.metadata.namespace, item.metadata.type, item.id, item.metadata.version)
+                for item in (bootstrap, k8s, etcd, *resources)
+            ),
+        )
+
+    async def _apply(self, plan: _Plan, logger: ControllerLogger) -> _Outcome:
+        """Wait for the endpoint and the lock, then apply (the background task, see module docstring)."""
+        async with kube_rest.KubeRest(plan.kubeconfig) as api:
             try:
                 version = await api.request("GET", "/version")
                 up = version.status_code == httpx.codes.OK
@@ -225,17 +283,15 @@ class ManifestApplyController:
             except kube_rest.KubeApiError as exc:
                 up, reason = False, str(exc)
             if not up:
-                ctx.logger.info("control plane endpoint not up yet, will retry: %s", reason)
-                ctx.requeue_after(self.retry_interval)
-                return
-            client = await self.etcd.client(etcd)
+                logger.info("control plane endpoint not up yet, will retry: %s", reason)
+                return _Outcome(plan, None)
+            client = await self.etcd.client(plan.etcd)
             try:
                 async with client.lock(etcd_access.MANIFEST_APPLY_MUTEX, ttl=self.lock_ttl):
-                    status = await apply_manifests(Applier(api, sync=self.sync, logger=ctx.logger), manifests)
+                    status = await apply_manifests(
+                        Applier(api, sync=self.sync, logger=logger), plan.manifests
+                    )
             except client_errors.EtcdError as exc:
-                ctx.logger.info("cannot take the manifest apply mutex in etcd, will retry: %s", exc)
-                ctx.requeue_after(self.retry_interval)
-                return
-        outputs.publish(ctx, catalog.CONTROLPLANE_NAMESPACE, catalog.MANIFEST_STATUSES, STATUS_ID, status)
-        if status.errors:
-            ctx.requeue_after(self.retry_interval)
+                logger.info("cannot take the manifest apply mutex in etcd, will retry: %s", exc)
+                return _Outcome(plan, None)
+        return _Outcome(plan, status)
