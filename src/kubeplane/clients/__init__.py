@@ -4,9 +4,11 @@
   TLS and endpoint failover (KV, transactions, leases, locks, elections, members, status,
   snapshots);
 - :mod:`kubeplane.clients.kube`: an ``ApiClient`` from kubeconfig text, retryable-error
-  classification for the official ``kubernetes`` client, and ``wait_for``.
+  classification for the official ``kubernetes`` client (mapped to ``KubeUnavailable`` by ``call``),
+  and ``wait_for``.
 
-This layer imports nothing else from kubeplane, so every other layer may use it.
+This layer imports nothing else from kubeplane but :mod:`kubeplane.retry`, so every other layer
+may use it.
 
 Exceptions (all from :mod:`kubeplane.clients.errors`; ``retryable`` says whether sending the same
 request again later may succeed)::
@@ -22,6 +24,7 @@ request again later may succeed)::
     │   ├── EtcdLeaseLost         retryable: a kept lease (a held lock) was lost; its block was stopped
     │   ├── EtcdInvalidRequest    malformed request (a bug in the caller)
     │   └── EtcdPermissionDenied  the client certificate may not do this
+    ├── KubeUnavailable           retryable: the Kubernetes API could not serve now (5xx, 429, network)
     └── WaitTimeout               kube.wait_for ran out of time (names what and the last error)
 
 A few ``EtcdConflict`` answers that clear up once the cluster settles (a new member not started

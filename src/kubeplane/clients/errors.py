@@ -91,5 +91,13 @@ class EtcdPermissionDenied(EtcdError):
     """The client certificate is not allowed to do this (authentication or RBAC)."""
 
 
+class KubeUnavailable(ClientError):
+    """The Kubernetes API could not serve a request now: a 5xx or 429 answer, a timeout, a refused
+    or reset connection, an early EOF. :func:`kubeplane.clients.kube.call` raises it in place of
+    the official client's exception (kept as ``__cause__``); the message is that exception's."""
+
+    retryable = True
+
+
 class WaitTimeout(ClientError):
     """A wait ran out of time; the message says what was awaited and the last error seen."""

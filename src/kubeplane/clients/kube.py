@@ -6,9 +6,12 @@
 - :func:`is_retryable` says whether an exception from the client (or from the network under it)
   is worth retrying: timeouts, refused or reset connections, early EOF, 5xx answers, 429. A 4xx
   answer means the request itself is wrong and fails the same way next time.
-- :func:`wait_for` polls a predicate until it returns something truthy, retrying retryable errors
-  with a ``retrying error: ...`` log line and raising :class:`~kubeplane.clients.errors.WaitTimeout`
-  that names what was awaited and the last error.
+- :func:`call` runs a blocking call of the client in a thread; what :func:`is_retryable` accepts
+  leaves it as the typed :class:`~kubeplane.clients.errors.KubeUnavailable` (:data:`RETRYABLE`),
+  so waits retry by type.
+- :func:`wait_for` polls a predicate with :meth:`kubeplane.retry.Wait.poll` until it returns something
+  truthy, retrying retryable errors with a ``retrying error: ...`` log line and raising
+  :class:`~kubeplane.clients.errors.WaitTimeout` that names what was awaited and the last error.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
+from kubeplane import retry
 from kubeplane.clients import errors
 
 log = logging.getLogger(__name__)
@@ -54,9 +58,23 @@ _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
 REQUEST_TIMEOUT = 10
 
 
+#: What a wait over Kubernetes API calls retries: the boundary's typed errors (see :func:`call`).
+RETRYABLE: tuple[type[BaseException], ...] = (errors.KubeUnavailable, errors.EtcdUnavailable)
+
+
 async def call(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run a call of the official (blocking) client in a thread, bounded by :data:`REQUEST_TIMEOUT`."""
-    return await asyncio.to_thread(function, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+    """Run a call of the official (blocking) client in a thread, bounded by :data:`REQUEST_TIMEOUT`.
+
+    An error worth retrying (:func:`is_retryable`) is raised as
+    :class:`~kubeplane.clients.errors.KubeUnavailable`; any other propagates as it is.
+    """
+    try:
+        return await asyncio.to_thread(function, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+    except Exception as exc:
+        mapped = unavailable(exc)
+        if mapped is exc:
+            raise
+        raise mapped from exc
 
 
 def api_client(kubeconfig: str | bytes, *, context: str | None = None) -> Any:
@@ -92,6 +110,16 @@ def is_retryable(exc: BaseException) -> bool:
     return cause is not None and cause is not exc and is_retryable(cause)
 
 
+def unavailable(exc: BaseException) -> BaseException:
+    """``exc`` as the client boundary reports it: :class:`~kubeplane.clients.errors.KubeUnavailable`
+    when :func:`is_retryable` says so (and it is not a typed client error already), else ``exc``."""
+    if isinstance(exc, errors.ClientError) or not is_retryable(exc):
+        return exc
+    mapped = errors.KubeUnavailable(_one_line(exc))
+    mapped.__cause__ = exc
+    return mapped
+
+
 def wait_for(
     predicate: Callable[[], T],
     *,
@@ -107,25 +135,30 @@ def wait_for(
     other exception propagates at once. After ``timeout`` seconds raises ``WaitTimeout`` saying
     what ``describe`` names and the last error or value seen.
     """
-    deadline = clock() + timeout
-    last = "the condition was never met"
-    while True:
+
+    def attempt() -> T:
         try:
-            value = predicate()
+            return predicate()
         except Exception as exc:
-            if not is_retryable(exc):
+            mapped = unavailable(exc)
+            if mapped is exc:
                 raise
-            last = f"last error: {_one_line(exc)}"
-            log.info("retrying error: %s: %s", describe, _one_line(exc))
-        else:
-            if value:
-                return value
-            last = f"last result: {value!r}"
-        if clock() >= deadline:
-            raise errors.WaitTimeout(f"timed out after {timeout:g}s waiting for {describe} ({last})")
-        sleep(interval)
+            raise mapped from exc
+
+    def progress(failed: retry.Attempt) -> None:
+        if failed.error is not None:
+            log.info("retrying error: %s: %s", describe, failed.reason)
+
+    return retry.Wait(
+        what=describe,
+        timeout=timeout,
+        backoff=retry.fixed(interval),
+        retry_on=RETRYABLE,
+        progress=progress,
+        error=errors.WaitTimeout,
+        clock=clock,
+    ).poll(attempt, sleep=sleep)
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text[:300]
+    return retry.one_line(exc)
