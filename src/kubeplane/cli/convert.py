@@ -45,7 +45,8 @@ class KubeplaneEnv:
         self._apps: Any = None
         self.api_client: Any = None
 
-    async def _kube(self) -> tuple[Any, Any]:
+    async def kube(self) -> tuple[Any, Any]:
+        """The CoreV1 and AppsV1 APIs, over the admin kubeconfig asked from a node (once)."""
         if self._core is None:
             text = await self.nodes.kubeconfig(None)
             client = kube_client.api_client(with_server(text, self.endpoint))
@@ -57,7 +58,7 @@ class KubeplaneEnv:
         await self.nodes.close()
 
     async def master_nodes(self) -> list[tuple[str, str]]:
-        core, _ = await self._kube()
+        core, _ = await self.kube()
         found = []
         for node in (await kube_client.call(core.list_node)).items:
             labels = node.metadata.labels or {}
@@ -67,16 +68,13 @@ class KubeplaneEnv:
         return sorted(found)
 
     async def self_hosted(self, node: str) -> bool:
-        document = await self.nodes._one(
-            node,
-            await self.nodes._client(node).resource_get(
-                catalog.BOOTSTRAP_STATUSES, catalog.BOOTSTRAP_STATUS_ID
-            ),
+        document = await self.nodes.ask(
+            node, lambda c: c.resource_get(catalog.BOOTSTRAP_STATUSES, catalog.BOOTSTRAP_STATUS_ID)
         )
         return bool((document.get("spec") or {}).get("selfHostedControlPlane"))
 
     async def secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
-        core, _ = await self._kube()
+        core, _ = await self.kube()
         try:
             secret = await kube_client.call(core.read_namespaced_secret, name, namespace)
         except k8s_client.ApiException as exc:
@@ -87,7 +85,7 @@ class KubeplaneEnv:
         return base64.b64decode(value) if value else None
 
     async def daemonset_image(self, name: str) -> str | None:
-        _, apps = await self._kube()
+        _, apps = await self.kube()
         try:
             ds = await kube_client.call(apps.read_namespaced_daemon_set, name, "kube-system")
         except k8s_client.ApiException as exc:
@@ -103,11 +101,11 @@ class KubeplaneEnv:
         await self.nodes.apply_config(node, data, mode="immediate")
 
     async def resource_ids(self, node: str, type_name: str) -> list[str]:
-        documents = await self.nodes._one(node, await self.nodes._client(node).resource_list(type_name))
+        documents = await self.nodes.ask(node, lambda c: c.resource_list(type_name))
         return [str(d["metadata"]["id"]) for d in documents]
 
     async def delete_daemonset(self, name: str) -> bool:
-        _, apps = await self._kube()
+        _, apps = await self.kube()
         try:
             await kube_client.call(apps.delete_namespaced_daemon_set, name, "kube-system")
         except k8s_client.ApiException as exc:
@@ -117,7 +115,7 @@ class KubeplaneEnv:
         return True
 
     async def system_pods(self) -> list[convert.Pod]:
-        core, _ = await self._kube()
+        core, _ = await self.kube()
         pods = []
         for item in (await kube_client.call(core.list_namespaced_pod, "kube-system")).items:
             conditions = item.status.conditions or ()
@@ -135,7 +133,7 @@ class KubeplaneEnv:
         return pods
 
     async def force_delete_pod(self, name: str) -> None:
-        core, _ = await self._kube()
+        core, _ = await self.kube()
         try:
             await kube_client.call(core.delete_namespaced_pod, name, "kube-system", grace_period_seconds=0)
         except k8s_client.ApiException as exc:
@@ -164,7 +162,7 @@ class KubeplaneEnv:
             await client.aclose()
 
     async def containers(self, node: str) -> list[convert.Container]:
-        found = await self.nodes._one(node, await self.nodes._client(node).containers())
+        found = await self.nodes.ask(node, lambda c: c.containers())
         return [
             convert.Container(pod=str(c["pod"]), name=str(c["name"]), running=c["state"] == "RUNNING")
             for c in found
@@ -172,7 +170,7 @@ class KubeplaneEnv:
         ]
 
     async def restart_kubelet(self, node: str) -> None:
-        await self.nodes._one(node, await self.nodes._client(node).service_restart("kubelet"))
+        await self.nodes.ask(node, lambda c: c.service_restart("kubelet"))
 
 
 def _confirm(prompt: str) -> bool:
@@ -190,7 +188,7 @@ async def _convert(
     env = KubeplaneEnv(target, endpoint=endpoint)
     timing = convert.Timing()
     try:
-        await env._kube()
+        await env.kube()
         async with oplock.held(lease.KubeLeaseStore(env.api_client), operation="convert-k8s"):
             if remove_key_only:
                 click.echo("removing self-hosted initialized key")

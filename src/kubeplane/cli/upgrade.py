@@ -27,7 +27,7 @@ import datetime
 import functools
 import shlex
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,8 @@ from kubeplane.clients import kube as kube_client
 from kubeplane.config import defaults
 from kubeplane.ops import oplock, upgrade
 from kubeplane.ops import plan as plan_module
-from kubeplane.ops.errors import OpsError
+from kubeplane.ops.errors import NodeUnavailable, OpsError
+from kubeplane.ops.upgrader import Upgrader
 from kubeplane.provision import loadbalancer
 from kubeplane.provision import state as cluster_state
 from kubeplane.resources import catalog
@@ -53,6 +54,8 @@ REPEAT_AFTER = 10.0
 #: How long a restored haproxy server may take to pass its health check and rejoin.
 ROTATION_TIMEOUT = 30.0
 IMAGE_PULL_CALL = "ImagePull"
+#: Node API status codes that mean "not now": the call may succeed when made again.
+TRANSIENT_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
 #: Waits of the operation (the original's 3 minutes per pod); tests shorten them.
 TIMING = upgrade.Timing()
 
@@ -66,14 +69,20 @@ def register(group: click.Group) -> None:
 
 
 class NodeAPIAdapter:
-    """:class:`kubeplane.ops.upgrade.NodeAPI` over the node API, one forwarding client per node."""
+    """:class:`kubeplane.ops.upgrade.NodeAPI` over the node API, one forwarding client per node.
+
+    :meth:`ask` is the one way to call a node: its single reply's value, and a node that cannot
+    serve now (no endpoint answered, ``UNAVAILABLE``, no answer in time) raised as the typed
+    :class:`~kubeplane.ops.errors.NodeUnavailable`.
+    """
 
     def __init__(self, target: connect.Target) -> None:
         self._target = target
         self._clients: dict[str, api.NodeClient] = {}
         self.can_pull = IMAGE_PULL_CALL in wire.CALLS_BY_NAME
 
-    def _client(self, node: str) -> api.NodeClient:
+    def client(self, node: str) -> api.NodeClient:
+        """The forwarding client of ``node`` (made once, closed by :meth:`close`)."""
         if node not in self._clients:
             self._clients[node] = connect.client(self._target, nodes=(node,))
         return self._clients[node]
@@ -83,47 +92,63 @@ class NodeAPIAdapter:
         for node_client in clients.values():
             await node_client.close()
 
-    async def _one(self, node: str, replies: Sequence[api.Reply[Any]]) -> Any:
-        for reply in replies:
-            return reply.unwrap()
+    async def ask(
+        self, node: str, call: Callable[[api.NodeClient], Awaitable[Sequence[api.Reply[Any]]]]
+    ) -> Any:
+        """Make ``call`` with ``node``'s client; the value of its reply."""
+        return await self._ask(node, self.client(node), call)
+
+    @staticmethod
+    async def _ask(
+        node: str,
+        node_client: api.NodeClient,
+        call: Callable[[api.NodeClient], Awaitable[Sequence[api.Reply[Any]]]],
+    ) -> Any:
+        try:
+            for reply in await call(node_client):
+                return reply.unwrap()
+        except api.ConnectError as exc:
+            raise NodeUnavailable(str(exc)) from exc
+        except api.CallError as exc:
+            if exc.code in TRANSIENT_CODES:
+                raise NodeUnavailable(str(exc)) from exc
+            raise
         raise OpsError(f"node {node} sent no reply")
 
     async def check(self, node: str) -> None:
-        await self._one(node, await self._client(node).version())
+        await self.ask(node, lambda c: c.version())
 
     async def component_config(self, node: str, component: str) -> upgrade.ComponentConfig:
-        document = await self._one(
-            node, await self._client(node).resource_get(catalog.KUBERNETES_CONTROL_PLANE_CONFIGS, component)
+        document = await self.ask(
+            node, lambda c: c.resource_get(catalog.KUBERNETES_CONTROL_PLANE_CONFIGS, component)
         )
         return upgrade.ComponentConfig(
             version=int(document["metadata"]["version"]), image=str(document["spec"]["image"])
         )
 
     async def machine_config(self, node: str) -> str:
-        document = await self._one(node, await self._client(node).machine_config())
+        document = await self.ask(node, lambda c: c.machine_config())
         current = document.get("current")
         if not current:
             raise OpsError(f"node {node} has no machine config")
         return str(current)
 
     async def apply_config(self, node: str, data: str, *, mode: str) -> None:
-        await self._one(node, await self._client(node).apply_configuration(data, mode=mode))
+        await self.ask(node, lambda c: c.apply_configuration(data, mode=mode))
 
     async def service_healthy(self, node: str, service: str) -> bool:
-        documents = await self._one(node, await self._client(node).service_list())
+        documents = await self.ask(node, lambda c: c.service_list())
         return any(
             d.get("id") == service and d.get("running") and (d.get("health") or {}).get("healthy")
             for d in documents
         )
 
     async def pull_image(self, node: str, image: str) -> bool:
-        result = await self._one(
-            node, await self._client(node).call(IMAGE_PULL_CALL, {"image": image}, timeout=600)
-        )
+        result = await self.ask(node, lambda c: c.call(IMAGE_PULL_CALL, {"image": image}, timeout=600))
         return bool(result.get("pulled", True)) if isinstance(result, Mapping) else True
 
     async def manifests(self, node: str) -> list[dict[str, Any]]:
-        documents = await self._one(node, await self._client(node).resource_list(catalog.MANIFESTS))
+        documents = await self.ask(node, lambda c: c.resource_list(catalog.MANIFESTS))
         objects: list[dict[str, Any]] = []
         for document in sorted(documents, key=lambda d: str(d["metadata"]["id"])):
             # A Manifests spec is {"items": [objects]} (the original's was the list itself).
@@ -133,12 +158,11 @@ class NodeAPIAdapter:
 
     async def kubeconfig(self, node: str | None) -> str:
         """The cluster's admin kubeconfig, from ``node`` (or the endpoint's own node)."""
-        node_client = self._client(node) if node else connect.client(self._target, nodes=())
-        try:
-            document = await self._one(node or "", await node_client.kubeconfig())
-        finally:
-            if not node:
-                await node_client.close()
+        if node:
+            document = await self.ask(node, lambda c: c.kubeconfig())
+        else:
+            async with connect.client(self._target, nodes=()) as endpoint_client:
+                document = await self._ask("", endpoint_client, lambda c: c.kubeconfig())
         return str(document["kubeconfig"])
 
 
@@ -427,7 +451,7 @@ async def _upgrade(
             local_rotation([n.address for n in observed.control_plane]) or upgrade.NoRotation()
         )
         click.echo(plan.render())
-        upgrader = upgrade.Upgrader(
+        upgrader = Upgrader(
             observed=observed,
             node_api=node_api,
             kube=kube,

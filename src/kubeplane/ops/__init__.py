@@ -4,7 +4,10 @@ Modules:
 
 - :mod:`~kubeplane.ops.plan`: :class:`~kubeplane.ops.plan.Plan` / ``Step`` (pure data that
   ``--dry-run`` prints) and the executor with progress reporting, re-runnable from any point;
-- :mod:`~kubeplane.ops.upgrade`: ``upgrade-k8s``, a rolling upgrade of the control plane;
+- :mod:`~kubeplane.ops.upgrade`: ``upgrade-k8s``, a rolling upgrade of the control plane (checks
+  and plan), run by :mod:`~kubeplane.ops.upgrader`; :mod:`~kubeplane.ops.versions` parses versions
+  and retags images;
+- :mod:`~kubeplane.ops.convert`: ``convert-k8s``, self-hosted control plane -> static pods;
 - :mod:`~kubeplane.ops.health`: cluster health checks.
 
 Operations reach the cluster only through interfaces they declare (node API, Kubernetes API, load
@@ -15,5 +18,6 @@ Exceptions (from :mod:`kubeplane.ops.errors` and :mod:`kubeplane.ops.plan`)::
     OpsError                base class: an operation could not start or finish
     ├── PreflightError      a check before any change failed; nothing was changed
     ├── WaitTimeout         the cluster did not reach the expected state in time
+    ├── NodeUnavailable     a node API call could not be served now (retryable)
     └── StepFailed          a plan step failed (.step, .cause, .resume: the command that continues)
 """

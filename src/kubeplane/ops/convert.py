@@ -21,7 +21,8 @@ Follows REFERENCE.md §4 step by step with the original's messages:
 Re-runnable at every point: when the cluster is no longer self-hosted it goes straight to step 8,
 which tolerates DaemonSets already gone. Every wait prints what it waits for; :class:`ConvertError`
 messages end with how to resume. Retryable errors (API timeouts, 5xx, connection refused/reset,
-EOF) are retried inside the waits: :func:`retryable` decides.
+EOF, a node that cannot answer now) are retried inside the waits (:meth:`kubeplane.retry.Wait.poll_async`),
+chosen by type: :data:`RETRYABLE`.
 
 The ``Env`` protocol is everything the conversion touches (node API, Kubernetes API, etcd); the CLI
 implements it, tests fake it. ``Timing`` records how long each wait took (for the benchmark).
@@ -29,7 +30,6 @@ implements it, tests fake it. ``Timing`` records how long each wait took (for th
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import functools
@@ -40,8 +40,9 @@ from typing import Any, Protocol
 from kubernetes import client as k8s_client
 
 from kubeplane import config as machine_config
-from kubeplane import pki
-from kubeplane.ops.errors import OpsError, PreflightError, WaitTimeout
+from kubeplane import pki, retry
+from kubeplane.clients import kube as kube_client
+from kubeplane.ops.errors import NodeUnavailable, OpsError, PreflightError, WaitTimeout
 
 COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 CHECKPOINTER = "pod-checkpointer"
@@ -157,19 +158,21 @@ Confirm = Callable[[str], bool]
 Echo = Callable[[str], None]
 
 
+#: What the waits retry, by type: the Kubernetes API or etcd could not answer now (the client
+#: boundary raises these, :func:`kubeplane.clients.kube.call`), a node API call could not reach its
+#: node (:class:`~kubeplane.ops.errors.NodeUnavailable`), or the network under them failed.
+RETRYABLE: tuple[type[BaseException], ...] = (
+    *kube_client.RETRYABLE,
+    NodeUnavailable,
+    ConnectionError,
+    TimeoutError,
+    EOFError,
+)
+
+
 def retryable(exc: BaseException) -> bool:
-    """API timeouts, 5xx, connection refused/reset, EOF: worth another try."""
-    status = getattr(exc, "status", None)
-    if isinstance(status, int) and status >= 500:
-        return True
-    if isinstance(exc, ConnectionError | TimeoutError | EOFError | asyncio.TimeoutError):
-        return True
-    text = str(exc).lower()
-    markers = ("timed out", "timeout", "connection refused", "connection reset", "eof", "unavailable")
-    if any(marker in text for marker in markers):
-        return True
-    cause = exc.__cause__ or exc.__context__
-    return cause is not None and cause is not exc and retryable(cause)
+    """API timeouts, 5xx, connection refused/reset, EOF: worth another try (:data:`RETRYABLE`)."""
+    return isinstance(exc, RETRYABLE)
 
 
 async def wait_until(
@@ -184,26 +187,29 @@ async def wait_until(
 ) -> Any:
     """Print ``waiting for <what>``, then poll ``attempt`` until truthy; retryable errors and
     falsy results are retried (an ``str`` result is logged as ``retrying error: ...``)."""
+
+    async def checked() -> Any:
+        value = await attempt()
+        if isinstance(value, str):
+            raise retry.NotYet(value)
+        return value
+
+    def progress(failed: retry.Attempt) -> None:
+        if failed.not_yet:
+            echo(f"{time.strftime('%Y/%m/%d %H:%M:%S')} retrying error: {failed.reason}")
+
     echo(f"waiting for {what}")
     started = time.monotonic()
-    deadline = started + timeout
-    last = "the condition was never met"
     try:
-        while True:
-            try:
-                value = await attempt()
-            except Exception as exc:
-                if not retryable(exc):
-                    raise
-                value, last = None, f"{type(exc).__name__}: {exc}"
-            if isinstance(value, str):
-                last = value
-                echo(f"{time.strftime('%Y/%m/%d %H:%M:%S')} retrying error: {value}")
-            elif value:
-                return value
-            if time.monotonic() >= deadline:
-                raise WaitTimeout(f"timed out after {timeout:g}s waiting for {what} ({last}); {RESUME}")
-            await asyncio.sleep(interval)
+        return await retry.Wait(
+            what=what,
+            timeout=timeout,
+            backoff=retry.fixed(interval),
+            retry_on=RETRYABLE,
+            progress=progress,
+            error=WaitTimeout,
+            hint=RESUME,
+        ).poll_async(checked)
     finally:
         timing.add(key, time.monotonic() - started)
 
@@ -344,7 +350,9 @@ class Converter:
     async def disable_checkpointer(self) -> None:
         self.echo("disabling pod-checkpointer")
         self.echo(f'deleting daemonset "{CHECKPOINTER}"')
-        await self._retry(lambda: self.env.delete_daemonset(CHECKPOINTER))
+        await self._retry(
+            lambda: self.env.delete_daemonset(CHECKPOINTER), what=f'deleting daemonset "{CHECKPOINTER}"'
+        )
 
         async def checkpointer_gone() -> bool | str:
             left = [p.name for p in await self.env.system_pods() if _owned_by_daemonset(p, CHECKPOINTER)]
@@ -379,7 +387,7 @@ class Converter:
     # -- step 7 --
 
     async def remove_initialized_key(self) -> None:
-        await self._retry(self.env.remove_initialized_key)
+        await self._retry(self.env.remove_initialized_key, what="removing the etcd initialized key")
 
     # -- step 8 --
 
@@ -392,7 +400,10 @@ class Converter:
             await self.wait_static(component, node_names, ready=False)
         for component in COMPONENTS:
             self.echo(f'deleting daemonset "{component}"')
-            await self._retry(functools.partial(self.env.delete_daemonset, component))
+            await self._retry(
+                functools.partial(self.env.delete_daemonset, component),
+                what=f'deleting daemonset "{component}"',
+            )
             await self.remove_daemonset_pods(component)
             for address, name in nodes:
                 await self.skip_crash_backoff(component, address, name)
@@ -452,7 +463,9 @@ class Converter:
             f'restarting kubelet on node "{address}" to start its {component} static pod without '
             "waiting out the crash-loop back-off"
         )
-        await self._retry(functools.partial(self.env.restart_kubelet, address))
+        await self._retry(
+            functools.partial(self.env.restart_kubelet, address), what=f"restarting the kubelet on {address}"
+        )
 
     async def wait_static(self, component: str, node_names: Sequence[str], *, ready: bool) -> None:
         async def present() -> bool | str:
@@ -493,16 +506,22 @@ class Converter:
             key=key,
         )
 
-    async def _retry(self, action: Callable[[], Awaitable[Any]]) -> Any:
-        deadline = time.monotonic() + self.options.component_timeout
-        while True:
-            try:
-                return await action()
-            except Exception as exc:
-                if not retryable(exc) or time.monotonic() >= deadline:
-                    raise
-                self.echo(f"retrying error: {exc}")
-                await asyncio.sleep(self.options.interval)
+    async def _retry(self, action: Callable[[], Awaitable[Any]], *, what: str) -> Any:
+        """``action`` until it does not raise a retryable error (each one is printed)."""
+
+        async def attempt() -> tuple[Any]:
+            return (await action(),)
+
+        done = await retry.Wait(
+            what=what,
+            timeout=self.options.component_timeout,
+            backoff=retry.fixed(self.options.interval),
+            retry_on=RETRYABLE,
+            progress=lambda failed: self.echo(f"retrying error: {failed.error}"),
+            error=WaitTimeout,
+            hint=RESUME,
+        ).poll_async(attempt)
+        return done[0]
 
 
 def _is_static(pod: Pod, component: str) -> bool:

@@ -13,3 +13,8 @@ class PreflightError(OpsError):
 
 class WaitTimeout(OpsError):
     """A step's wait for the cluster to reach the expected state ran out of time."""
+
+
+class NodeUnavailable(OpsError):
+    """A node API call could not be served now: no endpoint answered, or the node answered
+    ``UNAVAILABLE`` or ran out of time (retryable). Raised by the CLI's node adapter."""

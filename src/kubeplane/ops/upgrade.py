@@ -5,13 +5,14 @@ Phases (REFERENCE.md §5, done better):
 1. :func:`prepare` — checks before any change: the target version parses, control plane nodes are
    discovered from Kubernetes Nodes (or given), every node answers on the node API, ``--from`` is
    detected from the first node's ``kcpc/kube-apiserver`` image and the path is supported (same
-   minor or the next one). It returns an :class:`Upgrade`: the :class:`~kubeplane.ops.plan.Plan`
-   (pure data, what ``--dry-run`` prints) plus what executing it needs.
-2. :meth:`Upgrade.run` — the steps in order: pre-pull the target images on every node; then
-   ``kube-apiserver`` on each control plane node in turn, ``kube-controller-manager`` on each,
-   ``kube-scheduler`` on each; the ``kube-proxy`` DaemonSet together with every node's
-   ``cluster.proxy.image`` (so the config and the cluster never drift); optionally each node's
-   kubelet, one at a time; optionally a re-apply of the bootstrap manifests.
+   minor or the next one). It returns the :class:`Observed` state; :func:`build_plan` turns it
+   into the :class:`~kubeplane.ops.plan.Plan` (pure data, what ``--dry-run`` prints).
+2. :meth:`kubeplane.ops.upgrader.Upgrader.run` — the steps in order: pre-pull the target images
+   on every node; then ``kube-apiserver`` on each control plane node in turn,
+   ``kube-controller-manager`` on each, ``kube-scheduler`` on each; the ``kube-proxy`` DaemonSet
+   together with every node's ``cluster.proxy.image`` (so the config and the cluster never
+   drift); optionally each node's kubelet, one at a time; optionally a re-apply of the bootstrap
+   manifests.
 
 A component step re-reads ``kcpc/<component>`` on its node. At the target image already: skip,
 and the expected config version is the current one. Otherwise patch the node's machine config
@@ -26,24 +27,22 @@ changes. Nothing is recorded between runs (see :mod:`kubeplane.ops.plan`): every
 from live state, which is what makes re-running after any failure or kill continue the upgrade
 without doing a finished step again.
 
-The cluster is reached only through :class:`NodeAPI`, :class:`KubeAPI` and :class:`Rotation`,
-which the CLI implements (and unit tests fake).
+Versions and image references are :mod:`kubeplane.ops.versions`; the executor is
+:mod:`kubeplane.ops.upgrader`. The cluster is reached only through :class:`NodeAPI`,
+:class:`KubeAPI` and :class:`Rotation`, which the CLI implements (and unit tests fake).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import re
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from kubeplane import config as machine_config
-from kubeplane.clients import kube as kube_client
 from kubeplane.ops import plan as plan_module
-from kubeplane.ops.errors import OpsError, PreflightError, WaitTimeout
+from kubeplane.ops.errors import PreflightError
+from kubeplane.ops.versions import Version, check_path, image_version, retag
 
 T = TypeVar("T")
 
@@ -73,107 +72,6 @@ IMAGE_PATHS: Mapping[str, tuple[str, ...]] = {
 
 PROXY_NAMESPACE = "kube-system"
 CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
-
-_VERSION = re.compile(r"^v?(?P<major>\d+)\.(?P<minor>\d+)\.(?P<patch>\d+)(?P<suffix>[-+][0-9A-Za-z.+-]+)?$")
-
-
-# --- versions and images -----------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Version:
-    """A Kubernetes version such as ``v1.20.2`` or a local build ``v1.20.2-kp.1``."""
-
-    major: int
-    minor: int
-    patch: int
-    suffix: str = ""
-
-    @classmethod
-    def parse(cls, text: str, *, what: str = "version") -> Version:
-        """Parse ``1.20.2``, ``v1.20.2`` or ``v1.20.2-kp.1``; raise PreflightError otherwise."""
-        match = _VERSION.match(text.strip())
-        if match is None:
-            raise PreflightError(
-                f"malformed {what} {text!r}: expected a Kubernetes version like v1.20.2 or v1.20.2-kp.1"
-            )
-        return cls(
-            major=int(match["major"]),
-            minor=int(match["minor"]),
-            patch=int(match["patch"]),
-            suffix=match["suffix"] or "",
-        )
-
-    @property
-    def tag(self) -> str:
-        """The image tag: ``v1.20.2-kp.1``."""
-        return f"v{self.major}.{self.minor}.{self.patch}{self.suffix}"
-
-    def __str__(self) -> str:
-        return self.tag
-
-
-def check_path(source: Version, target: Version, *, allow_downgrade: bool = False) -> None:
-    """Allow the same minor version or the next one; anything else is an unsupported path.
-
-    A target older than the running version is refused unless ``allow_downgrade``: an older
-    kube-apiserver may not read what a newer one stored. Builds of the same release
-    (``v1.20.2`` and ``v1.20.2-kp.1``) are the same version here, in either direction.
-    """
-    if (target.major, target.minor, target.patch) < (source.major, source.minor, source.patch):
-        if not allow_downgrade:
-            raise PreflightError(
-                f"{target} is older than the running {source}: refusing to downgrade "
-                "(pass --allow-downgrade if that is what you want)"
-            )
-        if source.major == target.major and source.minor - target.minor in (0, 1):
-            return
-    if source.major != target.major or target.minor not in (source.minor, source.minor + 1):
-        raise PreflightError(
-            f"unsupported upgrade path: {source} -> {target} "
-            f"(supported: within {source.major}.{source.minor} or to {source.major}.{source.minor + 1})"
-        )
-
-
-def split_image(image: str) -> tuple[str, str | None]:
-    """``(repository, tag)`` of an image reference; a registry port is not a tag, a digest is dropped."""
-    name = image.split("@", 1)[0]
-    slash = name.rfind("/")
-    colon = name.rfind(":")
-    if colon > slash:
-        return name[:colon], name[colon + 1 :]
-    return name, None
-
-
-def retag(image: str, version: Version) -> str:
-    """``image`` with its tag set to ``version``; the repository (registry host and path) is kept."""
-    repository, _ = split_image(image)
-    return f"{repository}:{version.tag}"
-
-
-def image_version(image: str) -> Version:
-    """The Kubernetes version an image's tag names (raises PreflightError when it names none)."""
-    _, tag = split_image(image)
-    if tag is None:
-        raise PreflightError(f"image {image!r} has no tag to read the version from: pass --from")
-    return Version.parse(tag, what=f"version in the tag of image {image}")
-
-
-def image_patch(document: Mapping[str, Any], path: Sequence[str], value: str) -> list[dict[str, Any]]:
-    """A JSON patch setting ``path`` to ``value``, creating the missing parent mappings.
-
-    The guide warns that a plain ``replace`` fails when the config has no ``cluster.apiServer.image``
-    key; ``add`` on the first missing level (with the rest nested in its value) works either way.
-    """
-    node: Any = document
-    for depth, key in enumerate(path):
-        if not isinstance(node, Mapping) or key not in node or node[key] is None:
-            value_tree: Any = value
-            for inner in reversed(path[depth + 1 :]):
-                value_tree = {inner: value_tree}
-            return [{"op": "add", "path": "/" + "/".join(path[: depth + 1]), "value": value_tree}]
-        node = node[key]
-    return [{"op": "replace", "path": "/" + "/".join(path), "value": value}]
 
 
 # --- what the operation needs from the cluster ------------------------------------------------
@@ -522,278 +420,3 @@ async def prepare(*, options: Options, node_api: NodeAPI, kube: KubeAPI) -> Obse
         kubelets=tuple(kubelets),
         sync_manifests=options.sync_manifests,
     )
-
-
-# --- execution ---------------------------------------------------------------------------------
-
-Sleep = Callable[[float], Awaitable[None]]
-
-
-class Upgrader:
-    """Runs an upgrade plan's steps, each deciding from live state (see the module docstring)."""
-
-    def __init__(
-        self,
-        *,
-        observed: Observed,
-        node_api: NodeAPI,
-        kube: KubeAPI,
-        rotation: Rotation,
-        progress: plan_module.Progress,
-        timing: Timing = Timing(),
-        sleep: Sleep = asyncio.sleep,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.observed = observed
-        self.node_api = node_api
-        self.kube = kube
-        self.rotation = rotation
-        self.progress = progress
-        self.timing = timing
-        self._sleep = sleep
-        self._clock = clock
-        known = (*observed.control_plane, *observed.pull_nodes, *(node for node, _ in observed.kubelets))
-        self._nodes = {node.address: node for node in known}
-
-    async def run(self, plan: plan_module.Plan, *, resume: str) -> list[plan_module.StepResult]:
-        """Execute ``plan``; raises :class:`~kubeplane.ops.plan.StepFailed` naming the step and ``resume``.
-
-        A failed pre-pull raises its :class:`PreflightError` instead: nothing was changed yet.
-        """
-        try:
-            return await plan_module.execute(
-                plan, self.run_step, progress=self.progress, resume=resume, clock=self._clock
-            )
-        except plan_module.StepFailed as failed:
-            if isinstance(failed.cause, PreflightError):
-                raise failed.cause from failed
-            raise
-
-    async def run_step(self, step: plan_module.Step) -> plan_module.Outcome:
-        """One step, by kind."""
-        handlers = {
-            KIND_PULL: self._pull,
-            KIND_STATIC_POD: self._static_pod,
-            KIND_DAEMONSET: self._proxy,
-            KIND_KUBELET: self._kubelet,
-            KIND_MANIFESTS: self._manifests,
-        }
-        return await handlers[step.kind](step)
-
-    def _steer(self, component: str) -> bool:
-        """Whether the step takes its node out of the rotation: API servers, when others can serve."""
-        return component == APISERVER and len(self.observed.control_plane) > 1
-
-    # -- waiting --
-
-    async def _wait(
-        self, check: Callable[[], Awaitable[str | None]], *, timeout: float, describe: str
-    ) -> None:
-        """Poll ``check`` (None: done; text: why not yet) until done; retryable API errors are retried."""
-        deadline = self._clock() + timeout
-        self.progress.info(f"waiting for {describe}")
-        while True:
-            try:
-                reason = await check()
-            except Exception as exc:
-                if not kube_client.is_retryable(exc):
-                    raise
-                reason = " ".join(str(exc).split())[:300] or type(exc).__name__
-            if reason is None:
-                return
-            self.progress.retrying(reason)
-            if self._clock() >= deadline:
-                raise WaitTimeout(f"timed out after {timeout:g}s waiting for {describe}: {reason}")
-            await self._sleep(self.timing.interval)
-
-    async def _wait_pod(self, node: ClusterNode, component: str, expected: int) -> None:
-        async def check() -> str | None:
-            pod = await self.kube.mirror_pod(node_name=node.name, component=component)
-            if pod is None:
-                return f"no pod labelled k8s-app={component} on node {node.name} yet"
-            if pod.config_version != str(expected):
-                return f'config version mismatch: got "{pod.config_version}", expected "{expected}"'
-            if not pod.ready:
-                return f"pod {pod.name} on node {node.name} is not Ready yet"
-            return None
-
-        await self._wait(
-            check,
-            timeout=self.timing.pod_timeout,
-            describe=f"pod {component} on node {node.name} to run config version {expected} and be Ready",
-        )
-
-    async def _wait_config(self, node: ClusterNode, component: str, image: str, *, older_than: int) -> int:
-        found: list[int] = []
-
-        async def check() -> str | None:
-            config = await self.node_api.component_config(node.address, component)
-            if config.image != image or config.version <= older_than:
-                return (
-                    f"kcpc/{component} on {node.address} is at version {config.version} with {config.image}"
-                )
-            found.append(config.version)
-            return None
-
-        await self._wait(
-            check, timeout=self.timing.config_timeout, describe=f"kcpc/{component} to carry {image}"
-        )
-        return found[-1]
-
-    # -- config patches --
-
-    async def _set_image(self, node: str, key: str, image: str, *, mode: str = "immediate") -> bool:
-        """Set a machine config image on ``node``; False when it was already ``image``."""
-        document = machine_config.load(await self.node_api.machine_config(node))
-        path = IMAGE_PATHS[key]
-        current: Any = document.to_dict()
-        for segment in path:
-            current = current.get(segment) if isinstance(current, Mapping) else None
-        if current == image:
-            return False
-        patched = machine_config.apply_json_patch(document, image_patch(document.to_dict(), path, image))
-        await self.node_api.apply_config(node, patched.to_yaml(), mode=mode)
-        self.progress.info(f"patched /{'/'.join(path)} = {image} on node {node} (mode {mode})")
-        return True
-
-    # -- steps --
-
-    async def _pull(self, step: plan_module.Step) -> plan_module.Outcome:
-        fetched = []
-        for image in step.target.split(","):
-            try:
-                if await self.node_api.pull_image(step.node, image):
-                    fetched.append(image)
-            except Exception as exc:
-                # Pre-pulls come before the first change, so this failure is still a preflight one.
-                raise PreflightError(
-                    f"nothing was changed: image {image} cannot be pulled on node {step.node}: {exc}\n"
-                    f"check that {self.observed.target} is a version whose images the node's registry "
-                    "(or its mirrors) holds, then re-run"
-                ) from exc
-        if fetched:
-            self.progress.info(f"pulled {', '.join(fetched)} on node {step.node}")
-        return plan_module.CHANGED if fetched else plan_module.SKIPPED
-
-    async def _static_pod(self, step: plan_module.Step) -> plan_module.Outcome:
-        node = self._nodes[step.node]
-        component = step.component
-        current = await self.node_api.component_config(node.address, component)
-        image = retag(current.image, self.observed.target)
-        if current.image == image:
-            outcome, expected = plan_module.SKIPPED, current.version
-            self.progress.info(
-                f"{component} on node {node.address} already runs {image} (config version {expected})"
-            )
-        else:
-            outcome = plan_module.CHANGED
-        try:
-            if outcome is plan_module.CHANGED:
-                await self._drain(node, component)
-                await self._set_image(node.address, component, image)
-                expected = await self._wait_config(node, component, image, older_than=current.version)
-            await self._wait_pod(node, component, expected)
-        except BaseException:
-            if self._steer(component):
-                # A failed step never leaves its node out of the rotation; the step's own
-                # error is the one reported.
-                with contextlib.suppress(Exception):
-                    await self.rotation.restore(node)
-            raise
-        if self._steer(component):
-            # Also when skipping: a run killed between drain and restore left the node drained.
-            await self.rotation.restore(node)
-        return outcome
-
-    async def _drain(self, node: ClusterNode, component: str) -> None:
-        """Take ``node`` out of the rotation, unless no other node would serve the API."""
-        if not self._steer(component):
-            return
-        others = await self.rotation.serving() - {node.address}
-        if not others:
-            self.progress.info(
-                f"keeping node {node.name} in the load balancer rotation: no other API server is serving"
-            )
-            return
-        self.progress.info(f"taking node {node.name} out of the load balancer rotation")
-        await self.rotation.drain(node)
-
-    async def _proxy(self, step: plan_module.Step) -> plan_module.Outcome:
-        changed = False
-        daemonset = await self.kube.daemonset(PROXY_NAMESPACE, PROXY)
-        image = retag(daemonset.image, self.observed.target) if daemonset else None
-        if daemonset is None:
-            self.progress.info(f"DaemonSet {PROXY_NAMESPACE}/{PROXY} does not exist: nothing to roll out")
-        elif daemonset.image != image:
-            assert image is not None
-            await self.kube.set_daemonset_image(PROXY_NAMESPACE, PROXY, container=PROXY, image=image)
-            self.progress.info(f"set DaemonSet {PROXY_NAMESPACE}/{PROXY} image to {image}")
-            changed = True
-        for node in self.observed.control_plane:
-            document = machine_config.load(await self.node_api.machine_config(node.address))
-            configured = retag(document.model.cluster.proxy_image, self.observed.target)
-            changed = await self._set_image(node.address, PROXY, configured) or changed
-        if daemonset is not None and image is not None:
-
-            async def check() -> str | None:
-                state = await self.kube.daemonset(PROXY_NAMESPACE, PROXY)
-                if state is None:
-                    return f"DaemonSet {PROXY_NAMESPACE}/{PROXY} disappeared"
-                if state.complete(image):
-                    return None
-                return (
-                    f"rollout of {PROXY}: {state.updated} updated, {state.available} available "
-                    f"of {state.desired} (image {state.image})"
-                )
-
-            await self._wait(check, timeout=self.timing.rollout_timeout, describe=f"the {PROXY} rollout")
-        return plan_module.CHANGED if changed else plan_module.SKIPPED
-
-    async def _kubelet(self, step: plan_module.Step) -> plan_module.Outcome:
-        node = self._nodes[step.node]
-        document = machine_config.load(await self.node_api.machine_config(node.address))
-        image = retag(document.model.machine.kubelet_image, self.observed.target)
-        # Not live-reconfigurable, but the change concerns the kubelet alone: in the default mode
-        # the node restarts only its kubelet (etcd and the static pods' containers keep running).
-        changed = await self._set_image(node.address, KUBELET, image, mode="reboot")
-
-        async def check() -> str | None:
-            state = await self.kube.kubelet(node.name)
-            if state is None:
-                return f"Node {node.name} is not registered"
-            if state.version != self.observed.target.tag or not state.ready:
-                return f"kubelet on {node.name} reports {state.version}, ready={state.ready}"
-            return None
-
-        await self._wait(
-            check,
-            timeout=self.timing.rollout_timeout,
-            describe=f"kubelet {self.observed.target} on {node.name}",
-        )
-        if node.control_plane:
-            # The next node's kubelet restarts only once this one's control plane serves again.
-            await self._wait_etcd(node)
-            for component in COMPONENTS:
-                config = await self.node_api.component_config(node.address, component)
-                await self._wait_pod(node, component, config.version)
-        return plan_module.CHANGED if changed else plan_module.SKIPPED
-
-    async def _wait_etcd(self, node: ClusterNode) -> None:
-        async def check() -> str | None:
-            if await self.node_api.service_healthy(node.address, ETCD):
-                return None
-            return f"etcd on {node.name} is not healthy yet"
-
-        await self._wait(
-            check, timeout=self.timing.pod_timeout, describe=f"etcd on {node.name} to be healthy"
-        )
-
-    async def _manifests(self, step: plan_module.Step) -> plan_module.Outcome:
-        objects = await self.node_api.manifests(step.node)
-        if not objects:
-            raise OpsError(
-                f"node {step.node} has no bootstrap manifests to apply (controlplane/Manifests is empty)"
-            )
-        await self.kube.apply_objects(objects)
-        self.progress.info(f"applied {len(objects)} bootstrap manifest objects")
-        return plan_module.CHANGED

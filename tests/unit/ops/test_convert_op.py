@@ -8,11 +8,13 @@ import dataclasses
 from typing import Any
 
 import pytest
+from kubernetes.client import ApiException
 
 from kubeplane import config as machine_config
+from kubeplane.clients.errors import KubeUnavailable
 from kubeplane.config import generate as gen
 from kubeplane.ops import convert
-from kubeplane.ops.errors import PreflightError, WaitTimeout
+from kubeplane.ops.errors import NodeUnavailable, PreflightError, WaitTimeout
 
 pytestmark = pytest.mark.unit
 
@@ -238,9 +240,10 @@ def test_refuses_persist_false() -> None:
     ("error", "expected"),
     [
         (ConnectionRefusedError("refused"), True),
-        (type("E", (Exception,), {"status": 503})("x"), True),
+        (KubeUnavailable("(503) Service Unavailable"), True),
+        (NodeUnavailable("node 10.0.0.2: no answer (UNAVAILABLE)"), True),
         (EOFError(), True),
-        (type("E", (Exception,), {"status": 404})("not found"), False),
+        (ApiException(status=404, reason="Not Found"), False),
         (ValueError("bad"), False),
     ],
 )

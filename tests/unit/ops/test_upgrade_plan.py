@@ -9,23 +9,23 @@ from typing import Any
 import pytest
 from ops_fakes import NODES, FakeCluster
 
-from kubeplane.ops import upgrade
+from kubeplane.ops import upgrade, versions
 from kubeplane.ops.errors import PreflightError
 
 pytestmark = pytest.mark.unit
 
-V = upgrade.Version.parse
+V = versions.Version.parse
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("v1.20.2", upgrade.Version(1, 20, 2)),
-        ("1.20.2", upgrade.Version(1, 20, 2)),
-        ("v1.20.2-kp.1", upgrade.Version(1, 20, 2, "-kp.1")),
+        ("v1.20.2", versions.Version(1, 20, 2)),
+        ("1.20.2", versions.Version(1, 20, 2)),
+        ("v1.20.2-kp.1", versions.Version(1, 20, 2, "-kp.1")),
     ],
 )
-def test_versions_parse(text: str, expected: upgrade.Version) -> None:
+def test_versions_parse(text: str, expected: versions.Version) -> None:
     assert V(text) == expected
     assert V(text).tag == ("v" + text.removeprefix("v"))
 
@@ -40,13 +40,13 @@ def test_malformed_versions_are_refused(text: str) -> None:
     ("source", "target"), [("v1.20.1", "v1.20.4"), ("v1.20.2", "v1.20.2-kp.1"), ("1.20.9", "1.21.0")]
 )
 def test_supported_paths(source: str, target: str) -> None:
-    upgrade.check_path(V(source), V(target))
+    versions.check_path(V(source), V(target))
 
 
 @pytest.mark.parametrize(("source", "target"), [("v1.20.2", "v1.22.0"), ("v1.20.2", "v2.20.2")])
 def test_unsupported_paths(source: str, target: str) -> None:
     with pytest.raises(PreflightError, match="unsupported upgrade path"):
-        upgrade.check_path(V(source), V(target))
+        versions.check_path(V(source), V(target))
 
 
 @pytest.mark.parametrize(
@@ -59,24 +59,24 @@ def test_unsupported_paths(source: str, target: str) -> None:
     ],
 )
 def test_retag_keeps_the_repository(image: str, expected: str) -> None:
-    assert upgrade.retag(image, V("v1.20.2-kp.1")) == expected
+    assert versions.retag(image, V("v1.20.2-kp.1")) == expected
 
 
 def test_image_version_needs_a_tag() -> None:
-    assert upgrade.image_version("r:5000/kube-apiserver:v1.20.2-kp.1") == V("v1.20.2-kp.1")
+    assert versions.image_version("r:5000/kube-apiserver:v1.20.2-kp.1") == V("v1.20.2-kp.1")
     with pytest.raises(PreflightError, match="pass --from"):
-        upgrade.image_version("r:5000/kube-apiserver")
+        versions.image_version("r:5000/kube-apiserver")
 
 
 def test_image_patch_adds_missing_sections_and_replaces_existing_keys() -> None:
     path = upgrade.IMAGE_PATHS[upgrade.APISERVER]
-    assert upgrade.image_patch({"cluster": {}}, path, "x") == [
+    assert versions.image_patch({"cluster": {}}, path, "x") == [
         {"op": "add", "path": "/cluster/apiServer", "value": {"image": "x"}}
     ]
-    assert upgrade.image_patch({"cluster": {"apiServer": {"certSANs": []}}}, path, "x") == [
+    assert versions.image_patch({"cluster": {"apiServer": {"certSANs": []}}}, path, "x") == [
         {"op": "add", "path": "/cluster/apiServer/image", "value": "x"}
     ]
-    assert upgrade.image_patch({"cluster": {"apiServer": {"image": "y"}}}, path, "x") == [
+    assert versions.image_patch({"cluster": {"apiServer": {"image": "y"}}}, path, "x") == [
         {"op": "replace", "path": "/cluster/apiServer/image", "value": "x"}
     ]
 
@@ -199,15 +199,15 @@ def test_one_node_given_with_n_still_plans_every_control_plane_node(generated: M
 @pytest.mark.parametrize(("running", "target"), [("v1.20.2", "v1.20.1"), ("v1.21.0", "v1.20.9")])
 def test_an_older_target_is_refused_unless_asked_for(running: str, target: str) -> None:
     with pytest.raises(PreflightError, match=r"refusing to downgrade.*--allow-downgrade"):
-        upgrade.check_path(upgrade.Version.parse(running), upgrade.Version.parse(target))
-    upgrade.check_path(upgrade.Version.parse(running), upgrade.Version.parse(target), allow_downgrade=True)
+        versions.check_path(versions.Version.parse(running), versions.Version.parse(target))
+    versions.check_path(versions.Version.parse(running), versions.Version.parse(target), allow_downgrade=True)
 
 
 def test_a_second_build_of_the_same_release_is_no_downgrade() -> None:
-    upgrade.check_path(upgrade.Version.parse("v1.20.2-kp.1"), upgrade.Version.parse("v1.20.2"))
+    versions.check_path(versions.Version.parse("v1.20.2-kp.1"), versions.Version.parse("v1.20.2"))
     with pytest.raises(PreflightError, match="unsupported upgrade path"):
-        upgrade.check_path(
-            upgrade.Version.parse("v1.22.0"), upgrade.Version.parse("v1.20.0"), allow_downgrade=True
+        versions.check_path(
+            versions.Version.parse("v1.22.0"), versions.Version.parse("v1.20.0"), allow_downgrade=True
         )
 
 

@@ -14,6 +14,7 @@ from ops_fakes import NODES, Broken, FakeClock, FakeCluster
 
 from kubeplane.ops import plan as plan_module
 from kubeplane.ops import upgrade
+from kubeplane.ops.upgrader import Upgrader
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +33,7 @@ def run(
         observed = await upgrade.prepare(
             options=upgrade.Options(to=TARGET, **options), node_api=cluster, kube=cluster
         )
-        upgrader = upgrade.Upgrader(
+        upgrader = Upgrader(
             observed=observed,
             node_api=cluster,
             kube=cluster,
@@ -220,7 +221,7 @@ def test_bad_image_fails_at_pre_pull_before_any_change(generated: Mapping[str, A
         observed = await upgrade.prepare(
             options=upgrade.Options(to="v9.9.9", source="v9.9.0"), node_api=cluster, kube=cluster
         )
-        upgrader = upgrade.Upgrader(
+        upgrader = Upgrader(
             observed=observed,
             node_api=cluster,
             kube=cluster,
