@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from kubeplane.provision import cluster as cluster_mod
-from kubeplane.provision import hostproc, state
+from kubeplane.provision import hostproc, leftovers, state
 
 KUBEPLANE = str(Path(sys.executable).with_name("kubeplane"))
 
@@ -45,7 +45,7 @@ def cluster_rss_mib(name: str, root: Path) -> float:
     pids = {r.pid for r in cluster.processes.values() if hostproc.is_running(r)}
     for node in cluster.nodes:
         pids |= {r.pid for r in node.processes.values() if hostproc.is_running(r)}
-        pids |= set(cluster_mod.node_processes(node))
+        pids |= set(leftovers.node_processes(node))
     return sum(rss_kib(pid) for pid in pids) / 1024
 
 

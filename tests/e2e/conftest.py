@@ -27,6 +27,7 @@ from e2e_clients import KUBEPLANE
 from kubeplane.config import client as client_config
 from kubeplane.provision import cluster as cluster_mod
 from kubeplane.provision import hostproc, netns, state, toolchain
+from kubeplane.provision import leftovers as leftovers_mod
 from kubeplane.provision import loadbalancer as lb
 
 KUBERNETES_VERSION = "v1.20.2"
@@ -96,7 +97,7 @@ def orphaned_pod_network_namespaces() -> list[str]:
     cluster leaves behind. Another cluster that is still running (the e2e session runs two at
     once) mounts its own in its nodes' mount namespaces, so they do not count."""
     pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
-    mounted = cluster_mod.pod_netns_of_all(pids)
+    mounted = leftovers_mod.pod_netns_of_all(pids)
     return [
         name
         for name in pod_network_namespaces()
@@ -117,7 +118,7 @@ def leftovers(cluster: state.ClusterState, *, client_config_path: Path) -> list[
     records = list(cluster.processes.values())
     for node in cluster.nodes:
         records += node.processes.values()
-        found += [f"process {pid} of node {node.name}" for pid in cluster_mod.node_processes(node)]
+        found += [f"process {pid} of node {node.name}" for pid in leftovers_mod.node_processes(node)]
         found += [f"cgroup {path}" for path in node.cgroups if Path(path).exists()]
     found += [f"process {r.name} (pid {r.pid})" for r in records if hostproc.is_running(r)]
     with open("/proc/self/mounts") as mounts:

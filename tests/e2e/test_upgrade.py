@@ -38,8 +38,7 @@ import yaml
 from e2e_clients import ApiPoller, Run, api_client, run_cli
 from kubernetes import client as k8s_client
 
-from kubeplane.provision import cluster as cluster_mod
-from kubeplane.provision import hostproc
+from kubeplane.provision import hostproc, leftovers, teardown
 
 if TYPE_CHECKING:
     from conftest import E2ECluster
@@ -175,7 +174,7 @@ def running_versions(cluster: Any) -> dict[tuple[str, str], str]:
     """``(node, program) -> output of --version`` of every Kubernetes program running in a node."""
     found = {}
     for node in cluster.state().nodes:
-        for pid in cluster_mod.netns_members(node.netns):
+        for pid in leftovers.netns_members(node.netns):
             try:
                 program = Path(f"/proc/{pid}/comm").read_text().strip()
             except OSError:
@@ -261,7 +260,7 @@ def test_one_control_plane_node_down_keeps_the_api_answering(cluster_3cp1w: E2EC
     """Runs last on the shared 3+1 cluster: it takes a node down for good."""
     down = cluster_3cp1w.state().nodes[1]
     assert down.role == "controlplane"
-    cluster_mod.stop_node(down)
+    teardown.stop_node(down)
     cluster_3cp1w.haproxy.wait_status(down.name, until="out", timeout=15)
     for _ in range(5):
         result = cluster_3cp1w.kubectl("get", "nodes")

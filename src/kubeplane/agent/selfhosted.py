@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 
 import kubeplane
-from kubeplane import config, pki
+from kubeplane import config, pki, retry
 from kubeplane.config import generate as gen
 from kubeplane.config.paths import NodePaths
 from kubeplane.controllers.k8s import etcd_access, files, kube_rest, manifest_apply, render, selfhosted
@@ -57,6 +57,11 @@ DEFAULT_GRACE_PERIOD = 300
 #: How long each wait may take before the bootstrap gives up (logged, with what was missing).
 STEP_TIMEOUT = 600.0
 DAEMONSETS = (*files.COMPONENTS, selfhosted.CHECKPOINTER)
+#: Seconds between two attempts of a wait.
+POLL_INTERVAL = 2.0
+#: What a wait retries: the API server not answering yet, an object it refused for now, a file
+#: not written yet.
+RETRYABLE = (kube_rest.KubeApiError, manifest_apply.ApplyError, OSError, ValueError)
 
 
 class SelfHostedError(Exception):
@@ -157,19 +162,14 @@ class SelfHostedBootstrap:
         log.info("self-hosted bootstrap: done in %.0fs", time.monotonic() - started)
 
     async def _wait(self, what: str, attempt: Callable[[], Awaitable[Any]]) -> Any:
-        deadline = time.monotonic() + self.timeout
         log.info("self-hosted bootstrap: waiting for %s", what)
-        last = "not yet"
-        while True:
-            try:
-                value = await attempt()
-                if value:
-                    return value
-            except (kube_rest.KubeApiError, manifest_apply.ApplyError, OSError, ValueError) as exc:
-                last = str(exc)
-            if time.monotonic() >= deadline:
-                raise SelfHostedError(f"self-hosted bootstrap: timed out waiting for {what}: {last}")
-            await asyncio.sleep(2.0)
+        return await retry.Wait(
+            what=what,
+            timeout=self.timeout,
+            backoff=retry.fixed(POLL_INTERVAL),
+            retry_on=RETRYABLE,
+            error=lambda message: SelfHostedError(f"self-hosted bootstrap: {message}"),
+        ).poll_async(attempt)
 
     async def _objects(self) -> list[dict[str, Any]] | None:
         status = self.state.find(

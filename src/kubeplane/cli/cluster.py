@@ -2,7 +2,7 @@
 
 ``cluster create`` plans and checks everything first (nothing on the host changes when the name,
 CIDR, toolchain or a config patch is wrong), then runs the creation steps of
-:mod:`kubeplane.provision.cluster` with one progress line per step, and finally (unless
+:mod:`kubeplane.provision.create` with one progress line per step, and finally (unless
 ``--no-wait``) waits for the cluster to be healthy with the checks of :mod:`kubeplane.ops.health`,
 printed as they pass. A failure names the step or check and where to look; the half-made cluster
 stays for inspection and ``cluster destroy`` removes it.
@@ -29,7 +29,8 @@ from kubeplane.config import client as client_config
 from kubeplane.config import generate as gen
 from kubeplane.ops import convert, health
 from kubeplane.provision import cluster as cluster_mod
-from kubeplane.provision import netns, state, steps, toolchain
+from kubeplane.provision import create as create_mod
+from kubeplane.provision import netns, planning, state, steps, teardown, toolchain
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
 
@@ -119,7 +120,7 @@ def create(
     """Create a local cluster: network, load balancer, registry, one agent per node, bootstrap."""
     timeout = parse_duration(wait_timeout)
     try:
-        request = cluster_mod.ClusterRequest(
+        request = planning.ClusterRequest(
             name=name,
             controlplanes=controlplanes,
             workers=workers,
@@ -132,13 +133,13 @@ def create(
             self_hosted=self_hosted,
             checkpointer_grace_period=checkpointer_grace_period,
         )
-        plan = cluster_mod.plan(request, progress=click.echo)
-        paths = cluster_mod.preflight(plan, toolchain=toolchain.Toolchain())
+        plan = planning.plan(request, progress=click.echo)
+        paths = create_mod.preflight(plan, toolchain=toolchain.Toolchain())
     except (cluster_mod.ClusterError, gen.GenerateError) as exc:
         raise click.ClickException(f"{exc}\nnothing was created") from exc
     config_path = client_config.resolve_path()
     try:
-        created = cluster_mod.create(
+        created = create_mod.create(
             plan, toolchain_paths=paths, client_config_path=config_path, progress=_echo_event
         )
     except (steps.StepFailed, cluster_mod.ClusterError) as exc:
@@ -161,7 +162,7 @@ def create(
 
 
 def wait_healthy(
-    created: cluster_mod.CreatedCluster, *, timeout: float, self_hosted: bool = False
+    created: create_mod.CreatedCluster, *, timeout: float, self_hosted: bool = False
 ) -> list[health.Result]:
     """Run the health checks against a just-created cluster, printing each as it finishes
     (a self-hosted one first has to finish handing over from its temporary control plane)."""
@@ -191,7 +192,7 @@ def wait_healthy(
 def destroy(*, name: str) -> None:
     """Stop everything the cluster runs and remove its network, files and client config context."""
     try:
-        removed = cluster_mod.destroy(name, progress=click.echo)
+        removed = teardown.destroy(name, progress=click.echo)
     except (cluster_mod.ClusterError, state.StateError, netns.NetworkError) as exc:
         raise click.ClickException(f"destroying cluster {name!r}: {exc}") from exc
     click.echo(f"cluster {name!r} destroyed" if removed else f"no cluster {name!r}: nothing to destroy")

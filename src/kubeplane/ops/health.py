@@ -27,6 +27,7 @@ client factory and a Kubernetes ``ApiClient`` factory. Nothing here knows about 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +35,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from kubeplane import api
+from kubeplane import api, retry
 
 #: The static pods every control plane node runs (their ``k8s-app`` label).
 CONTROL_PLANE_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -96,15 +97,24 @@ def run(
     results = []
     for check in checks:
         started = time.monotonic()
-        while True:
-            problems = _attempt(check)
-            if not problems or time.monotonic() >= deadline:
-                break
-            time.sleep(interval)
+        problems = _until_passes(check, timeout=max(deadline - started, 0.0), interval=interval)
         result = Result(check.name, tuple(problems), time.monotonic() - started)
         report(result)
         results.append(result)
     return results
+
+
+def _until_passes(check: Check, *, timeout: float, interval: float) -> list[str]:
+    """The problems ``check`` still finds when it passes (none) or ``timeout`` runs out."""
+    problems: list[str] = []
+
+    def attempt() -> bool:
+        problems[:] = _attempt(check)
+        return not problems
+
+    with contextlib.suppress(retry.WaitTimeout):
+        retry.Wait(what=check.name, timeout=timeout, backoff=retry.fixed(interval)).poll(attempt)
+    return problems
 
 
 def _attempt(check: Check) -> list[str]:

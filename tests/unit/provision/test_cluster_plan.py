@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from kubeplane.cli import cluster as cluster_cli
 from kubeplane.config import generate as gen
 from kubeplane.ops import health
-from kubeplane.provision import cluster
+from kubeplane.provision import cluster, leftovers, planning
+from kubeplane.provision import create as create_mod
 
 pytestmark = pytest.mark.unit
 
@@ -21,11 +22,11 @@ def secrets() -> gen.SecretsBundle:
     return gen.new_secrets()
 
 
-def _plan(secrets: gen.SecretsBundle, **kwargs: object) -> cluster.ClusterPlan:
-    return cluster.plan(cluster.ClusterRequest(**kwargs), secrets=secrets)  # type: ignore[arg-type]
+def _plan(secrets: gen.SecretsBundle, **kwargs: object) -> planning.ClusterPlan:
+    return planning.plan(planning.ClusterRequest(**kwargs), secrets=secrets)  # type: ignore[arg-type]
 
 
-def _doc(node: cluster.NodePlan) -> dict:  # type: ignore[type-arg]
+def _doc(node: planning.NodePlan) -> dict:  # type: ignore[type-arg]
     return yaml.safe_load(node.config)  # type: ignore[no-any-return]
 
 
@@ -118,8 +119,8 @@ def test_cli_bad_patch_fails_before_any_side_effect(tmp_path: Path, monkeypatch:
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("create must not run when the request is invalid")
 
-    monkeypatch.setattr(cluster, "create", forbidden)
-    monkeypatch.setattr(cluster.netns, "create", forbidden)
+    monkeypatch.setattr(create_mod, "create", forbidden)
+    monkeypatch.setattr(create_mod.netns, "create", forbidden)
     result = CliRunner().invoke(
         cluster_cli.cluster,
         [
@@ -197,18 +198,18 @@ def test_pod_netns_names_are_read_from_mountinfo_and_only_unmounted_names_remove
         joined = str(real_path(*parts))
         return real_path(str(tmp_path) + joined) if joined.startswith("/proc/") else real_path(joined)
 
-    monkeypatch.setattr(cluster, "Path", fake_path)
-    assert cluster.pod_netns_of(4242) == {"cni-aaaa", "cni-bbbb"}
-    assert cluster.pod_netns_of(4243) == set()
+    monkeypatch.setattr(leftovers, "Path", fake_path)
+    assert leftovers.pod_netns_of(4242) == {"cni-aaaa", "cni-bbbb"}
+    assert leftovers.pod_netns_of(4243) == set()
 
     netns_dir = tmp_path / "netns"
     netns_dir.mkdir()
     for name in ("cni-aaaa", "cni-other"):
         (netns_dir / name).touch()
-    monkeypatch.setattr(cluster.netns, "NETNS_DIR", netns_dir)
+    monkeypatch.setattr(leftovers.netns, "NETNS_DIR", netns_dir)
     mounted = {str(netns_dir / "cni-bbbb")}
     (netns_dir / "cni-bbbb").touch()
-    monkeypatch.setattr(cluster.os.path, "ismount", lambda path: str(path) in mounted)
-    cluster.remove_pod_netns_names({"cni-aaaa", "cni-bbbb", "cni-gone"})
+    monkeypatch.setattr(leftovers.os.path, "ismount", lambda path: str(path) in mounted)
+    leftovers.remove_pod_netns_names({"cni-aaaa", "cni-bbbb", "cni-gone"})
     # The orphaned name goes; a still-mounted one and names not asked about stay.
     assert sorted(p.name for p in netns_dir.iterdir()) == ["cni-bbbb", "cni-other"]

@@ -1,0 +1,339 @@
+"""``kubeplane cluster create``: check the host, then build the planned cluster step by step.
+
+:func:`preflight` only *reads* the host (toolchain cache, binaries, addresses, existing state).
+:func:`create` then runs named steps, each recorded in the cluster state before it acts, so
+:func:`kubeplane.provision.teardown.destroy` can undo a half-made cluster as well as a whole one:
+
+``creating network`` → ``creating load balancer`` → ``creating registry`` (seeded with the
+images of every complete toolchain build in the cache, so an upgrade to another cached version
+pulls through it) → ``creating master nodes`` / ``creating worker nodes`` (one ``kubeplaned`` per
+node in its network namespace, in maintenance mode) → ``applying configs`` (insecure apply) →
+``bootstrapping`` (the first control plane node founds etcd) → ``writing client config and
+kubeconfig``. Waiting for health is the caller's (the CLI runs :mod:`kubeplane.ops.health`),
+because ``provision`` and ``ops`` are siblings that never import each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import shutil
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubeplane import api, retry
+from kubeplane.agent import owned
+from kubeplane.agent import services as agent_services
+from kubeplane.config import client as client_config
+from kubeplane.provision import checkpointer_image, hostproc, machine, netns
+from kubeplane.provision import loadbalancer as lb
+from kubeplane.provision import registry as registry_mod
+from kubeplane.provision import state as state_mod
+from kubeplane.provision import steps as steps_mod
+from kubeplane.provision import toolchain as toolchain_mod
+from kubeplane.provision.cluster import (
+    AGENT,
+    AGENT_PORT,
+    ClusterMeta,
+    CreateError,
+    PreflightError,
+    node_hint,
+    node_root,
+    write_kubeconfig,
+    write_secrets_bundle,
+)
+from kubeplane.provision.planning import ClusterPlan, ClusterRequest, NodePlan
+
+T = TypeVar("T")
+
+#: Host tools a cluster needs besides the toolchain (Debian package in parentheses).
+HOST_TOOLS = {
+    "haproxy": "haproxy",
+    "docker-registry": "docker-registry",
+    "skopeo": "skopeo",
+    "containerd": "containerd",
+    "nsenter": "util-linux",
+}
+
+
+def agent_command() -> list[str]:
+    """How to run ``kubeplaned``: the console script beside this Python, else the one on PATH."""
+    beside = Path(sys.executable).parent / AGENT
+    if beside.is_file():
+        return [str(beside)]
+    found = shutil.which(AGENT)
+    if found is None:
+        raise PreflightError(f"{AGENT} is not installed: install kubeplane (pip install -e .) first")
+    return [found]
+
+
+def preflight(
+    cluster_plan: ClusterPlan, *, toolchain: toolchain_mod.Toolchain, state_root: Path | None = None
+) -> toolchain_mod.ToolchainPaths:
+    """Check the host can create the cluster without changing anything; return the toolchain paths."""
+    if os.geteuid() != 0:
+        raise PreflightError("local clusters need root (network namespaces, mounts, cgroups): run as root")
+    missing = [
+        f"{tool} (Debian package {package})" for tool, package in HOST_TOOLS.items() if not shutil.which(tool)
+    ]
+    if missing:
+        raise PreflightError(
+            f"missing host tools: {', '.join(missing)}; run scripts/setup or apt-get install them"
+        )
+    agent_command()
+    directory = state_mod.cluster_dir(cluster_plan.name, root=state_root)
+    if (directory / state_mod.STATE_FILE).exists():
+        raise PreflightError(
+            f"cluster {cluster_plan.name!r} already exists (state in {directory}); "
+            f"destroy it first with `kubeplane cluster destroy --name {cluster_plan.name}` "
+            "or pick another --name"
+        )
+    try:
+        paths = toolchain.require(cluster_plan.request.kubernetes_version)
+        netns.check_host(cluster_plan.network, None)
+    except (toolchain_mod.ToolchainError, netns.NetworkError) as exc:
+        raise PreflightError(str(exc)) from exc
+    return paths
+
+
+@dataclasses.dataclass(frozen=True)
+class CreatedCluster:
+    """What :func:`create` made that the caller needs next (waits, printing)."""
+
+    name: str
+    directory: Path
+    endpoint: str
+    kubeconfig: Path
+    client_config_path: Path
+    controlplanes: tuple[str, ...]
+    workers: tuple[str, ...]
+    credentials: api.Credentials
+
+
+def _run(coroutine: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coroutine)
+
+
+def _retry(action: Callable[[], T], *, timeout: float, what: str, hint: str) -> T:
+    """Call ``action`` until it stops raising an API error; the last one ends up in the message."""
+    done = retry.Wait(
+        what=what,
+        timeout=timeout,
+        backoff=retry.fixed(0.5),
+        retry_on=(api.APIError,),
+        error=CreateError,
+        hint=hint,
+    ).poll(lambda: (action(),))
+    return done[0]
+
+
+def registry_toolchains(cluster_paths: toolchain_mod.ToolchainPaths) -> list[toolchain_mod.ToolchainPaths]:
+    """The toolchain builds whose images seed the registry: the cluster's, then every other complete one.
+
+    Holding every cached build makes ``upgrade-k8s --to`` any of them pull through the mirror, as
+    an air-gapped registry holds the target release before an upgrade; incomplete builds are left
+    out (their images may be partial).
+    """
+    cache = toolchain_mod.Toolchain(cluster_paths.root.parent.parent)
+    others = []
+    for version in cache.versions():
+        if version == cluster_paths.version:
+            continue
+        with contextlib.suppress(toolchain_mod.ToolchainError):
+            others.append(cache.require(version))
+    return [cluster_paths, *others]
+
+
+def create(
+    cluster_plan: ClusterPlan,
+    *,
+    toolchain_paths: toolchain_mod.ToolchainPaths,
+    client_config_path: Path,
+    progress: steps_mod.Progress = steps_mod.no_progress,
+    state_root: Path | None = None,
+    step_timeout: float = 120.0,
+) -> CreatedCluster:
+    """Create the cluster of ``cluster_plan`` (after :func:`preflight`); see the module docstring."""
+    cluster = state_mod.ClusterState.open(cluster_plan.name, root=state_root)
+    meta = ClusterMeta(
+        endpoint=cluster_plan.endpoint, kubernetes_version=cluster_plan.request.kubernetes_version
+    )
+    meta.save(cluster.directory)
+    write_secrets_bundle(cluster.directory, cluster_plan.secrets)
+    steps = steps_mod.Steps(cluster.directory / "logs", progress)
+    roles = {node.name: node.role for node in cluster_plan.nodes}
+
+    with steps.step("creating network", cluster_plan.network.bridge):
+        netns.create(cluster_plan.network, cluster, roles=roles)
+
+    with steps.step("creating load balancer", f"{cluster_plan.network.host_ip}:{lb.API_PORT}"):
+        haproxy = lb.HAProxy(directory=cluster.directory / "haproxy")
+        cluster.dirs["haproxy"] = str(haproxy.directory)
+        haproxy.write_config(
+            bind_address=cluster_plan.network.host_ip,
+            backends=[lb.Backend(name=node.name, address=node.ip) for node in cluster_plan.controlplanes],
+        )
+        cluster.processes["haproxy"] = haproxy.start()
+        cluster.save()
+
+    with steps.step("creating registry", cluster_plan.registry_url) as log:
+        registry = registry_mod.Registry(
+            directory=cluster.directory / "registry", address=cluster_plan.network.host_ip
+        )
+        cluster.dirs["registry"] = str(registry.directory)
+        cluster.processes["registry"] = registry.start()
+        cluster.save()
+        with log.open("a") as out:
+            for paths in registry_toolchains(toolchain_paths):
+                for name, tar in paths.images.items():
+                    ref = paths.image_ref(name)
+                    pushed = registry.push(tar, ref)
+                    out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
+            if cluster_plan.request.self_hosted:
+                image = checkpointer_image.Builder().ensure(progress=progress)
+                pushed = registry.push(image.archive, image.ref)
+                out.write(f"{image.ref}: {'pushed' if pushed else 'already present'}\n")
+
+    command = agent_command()
+    for role, title in (("controlplane", "creating master nodes"), ("worker", "creating worker nodes")):
+        members = [node for node in cluster_plan.nodes if node.role == role]
+        if not members:
+            continue
+        with steps.step(title, ", ".join(node.name for node in members)):
+            for node in members:
+                _start_agent(cluster, node, command=command)
+            for node in members:
+                _wait_maintenance(cluster.node(node.name), timeout=step_timeout)
+
+    with steps.step("applying configs"):
+        for node in cluster_plan.nodes:
+            _apply(cluster.node(node.name), node.config, timeout=step_timeout)
+
+    context_name, context = client_config.current(cluster_plan.client_config)
+    credentials = api.Credentials(ca=context.ca_pem, cert=context.client.cert, key=context.client.key)
+    first = cluster.node(cluster_plan.controlplanes[0].name)
+    with steps.step("bootstrapping", first.name):
+        _retry(
+            lambda: _run(_bootstrap(first.ip, credentials, request=cluster_plan.request)),
+            timeout=step_timeout,
+            what=f"bootstrap of {first.name} ({first.ip})",
+            hint=node_hint(first),
+        )
+
+    kubeconfig_path = cluster.directory / "kubeconfig"
+    with steps.step("writing client config and kubeconfig", str(client_config_path)):
+        merged, renames = client_config.merge(
+            _without(client_config.load(client_config_path), context_name), cluster_plan.client_config
+        )
+        client_config.save(merged, client_config_path)
+        meta.client_config_path = str(client_config_path)
+        meta.context = renames.get(context_name, context_name)
+        meta.save(cluster.directory)
+        text = _retry(
+            lambda: _run(_kubeconfig(first.ip, credentials)),
+            timeout=step_timeout,
+            what=f"fetching the admin kubeconfig from {first.name}",
+            hint=node_hint(first),
+        )
+        write_kubeconfig(kubeconfig_path, text)
+        meta.kubeconfig = str(kubeconfig_path)
+        meta.save(cluster.directory)
+
+    return CreatedCluster(
+        name=cluster_plan.name,
+        directory=cluster.directory,
+        endpoint=cluster_plan.endpoint,
+        kubeconfig=kubeconfig_path,
+        client_config_path=client_config_path,
+        controlplanes=tuple(node.ip for node in cluster_plan.controlplanes),
+        workers=tuple(node.ip for node in cluster_plan.workers),
+        credentials=credentials,
+    )
+
+
+def _without(config: client_config.ClientConfig, name: str) -> client_config.ClientConfig:
+    # A context of the same name is a leftover of an earlier cluster with this name: replace it.
+    return client_config.remove_context(config, name) if name in config.contexts else config
+
+
+def _start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Sequence[str]) -> None:
+    record = cluster.node(node.name)
+    root = node_root(cluster.directory, node.name)
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        created = machine.prepare(root)
+    except machine.MachineError as exc:
+        raise CreateError(f"node {node.name}: {exc}") from exc
+    cluster.host_dirs = list(dict.fromkeys([*cluster.host_dirs, *map(str, created)]))
+    record.root_dir = str(root)
+    # The node's /etc/machine-id is the one in its directory (machine.prepare made it).
+    cgroups = agent_services.NodeServices.node_cgroups(root)
+    record.cgroups = [str(path) for path in owned.cgroup_paths(cgroups)]
+    cluster.save()
+    existing = record.processes.get(AGENT)
+    if existing is not None and hostproc.is_running(existing):
+        return
+    # The node is a machine: its agent runs with the default root, /, over its own bind mounts.
+    agent = [*command, "--listen", f"{node.ip}:{AGENT_PORT}", "--node-name", node.name]
+    record.processes[AGENT] = hostproc.start(
+        machine.argv(node_dir=root, hostname=node.name, command=agent),
+        name=f"{AGENT} {node.name}",
+        log=cluster.directory / "logs" / f"{node.name}.log",
+        netns=node.netns,
+    )
+    cluster.save()
+
+
+def _wait_maintenance(node: state_mod.NodeState, *, timeout: float) -> None:
+    async def version() -> object:
+        async with api.NodeClient.insecure([node.ip], timeout=5.0) as client:
+            return (await client.version())[0].unwrap()
+
+    def attempt() -> object:
+        record = node.processes[AGENT]
+        if not hostproc.is_running(record):
+            raise CreateError(
+                f"the agent of {node.name} exited; see {record.log}:\n{hostproc.tail(record.log)}"
+            )
+        return _run(version())
+
+    _retry(
+        attempt,
+        timeout=timeout,
+        what=f"the agent of {node.name} answering on {node.ip}",
+        hint=node_hint(node),
+    )
+
+
+def _apply(node: state_mod.NodeState, text: str, *, timeout: float) -> None:
+    async def apply() -> object:
+        async with api.NodeClient.insecure([node.ip], timeout=30.0) as client:
+            return (await client.apply_configuration(text, mode="reboot"))[0].unwrap()
+
+    _retry(
+        lambda: _run(apply()),
+        timeout=timeout,
+        what=f"applying the config of {node.name}",
+        hint=node_hint(node),
+    )
+
+
+async def _bootstrap(address: str, credentials: api.Credentials, *, request: ClusterRequest) -> object:
+    async with api.NodeClient([address], credentials=credentials, timeout=30.0) as client:
+        if not request.self_hosted:
+            return (await client.bootstrap())[0].unwrap()
+        replies = await client.bootstrap(
+            self_hosted=True,
+            checkpointer_image=checkpointer_image.image_ref(),
+            checkpointer_grace_period=request.checkpointer_grace_period,
+        )
+        return replies[0].unwrap()
+
+
+async def _kubeconfig(address: str, credentials: api.Credentials) -> str:
+    async with api.NodeClient([address], credentials=credentials) as client:
+        return str((await client.kubeconfig())[0].unwrap()["kubeconfig"])

@@ -1,0 +1,198 @@
+"""Planning a local cluster: pure data, before anything is created.
+
+:func:`plan` validates the request and builds names, addresses, the generated PKI and one
+validated machine config per node. Together with :func:`kubeplane.provision.create.preflight`
+it runs before anything is created, so a mistake such as a bad ``--config-patch`` fails without
+touching the network or the disk. Raises :class:`~kubeplane.provision.cluster.PlanError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+
+from kubeplane import config as config_mod
+from kubeplane.config import client as client_config
+from kubeplane.config import generate as gen
+from kubeplane.provision import loadbalancer as lb
+from kubeplane.provision import netns
+from kubeplane.provision import registry as registry_mod
+from kubeplane.provision import state as state_mod
+from kubeplane.provision import toolchain as toolchain_mod
+from kubeplane.provision.cluster import DEFAULT_NAME, DEFAULT_VERSION, PlanError
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterRequest:
+    """What ``kubeplane cluster create`` was asked for."""
+
+    name: str = DEFAULT_NAME
+    controlplanes: int = 1
+    workers: int = 1
+    kubernetes_version: str = DEFAULT_VERSION
+    cidr: str = netns.DEFAULT_CIDR
+    #: Extra registry mirrors (host -> endpoints); ``*`` replaces the local registry mirror.
+    registry_mirrors: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    config_patches: tuple[gen.Patch, ...] = ()
+    controlplane_patches: tuple[gen.Patch, ...] = ()
+    worker_patches: tuple[gen.Patch, ...] = ()
+    #: Bootstrap a self-hosted control plane (configs without serviceAccount/aggregatorCA).
+    self_hosted: bool = False
+    #: Seconds a pod checkpoint outlives its parent (self-hosted only).
+    checkpointer_grace_period: int = 300
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePlan:
+    """One node: name, role, address, namespace and its machine config (YAML)."""
+
+    name: str
+    role: state_mod.Role
+    ip: str
+    netns: str
+    config: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterPlan:
+    """Everything :func:`create` will make (pure data)."""
+
+    request: ClusterRequest
+    network: netns.NetworkPlan
+    endpoint: str
+    registry_url: str
+    nodes: tuple[NodePlan, ...]
+    secrets: gen.SecretsBundle
+    #: The client config holding just this cluster's context (named after it).
+    client_config: client_config.ClientConfig
+
+    @property
+    def name(self) -> str:
+        return self.request.name
+
+    @property
+    def controlplanes(self) -> tuple[NodePlan, ...]:
+        return tuple(node for node in self.nodes if node.role == "controlplane")
+
+    @property
+    def workers(self) -> tuple[NodePlan, ...]:
+        return tuple(node for node in self.nodes if node.role == "worker")
+
+
+def node_names(cluster: str, *, controlplanes: int, workers: int) -> list[tuple[str, state_mod.Role]]:
+    """``<cluster>-controlplane-N`` then ``<cluster>-worker-N``: control plane nodes first."""
+    return [(f"{cluster}-controlplane-{i}", "controlplane") for i in range(1, controlplanes + 1)] + [
+        (f"{cluster}-worker-{i}", "worker") for i in range(1, workers + 1)
+    ]
+
+
+def _local_defaults(document: gen.Document) -> gen.Document:
+    """Defaults of local clusters for what the user's patches left unset.
+
+    No Debian package ships a CNI or CoreDNS image: the nodes use the bridge CNI config the
+    agent writes (``cni: none`` leaves the flannel manifest out) and CoreDNS, which could never
+    pull, is disabled.
+    """
+    cluster = document.setdefault("cluster", {})
+    cluster.setdefault("network", {}).setdefault("cni", {"name": "none"})
+    cluster.setdefault("coreDNS", {"disabled": True})
+    return document
+
+
+def plan(
+    request: ClusterRequest,
+    *,
+    secrets: gen.SecretsBundle | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> ClusterPlan:
+    """Validate ``request`` and build every node's config; raises :class:`PlanError` (pure).
+
+    ``progress`` hears the names of the two phases as they start.
+    """
+    progress("validating CIDR and reserving IPs")
+    if request.controlplanes < 1:
+        raise PlanError(f"--controlplanes is {request.controlplanes}: a cluster needs at least one")
+    if request.workers < 0:
+        raise PlanError(f"--workers is {request.workers}: give 0 or more")
+    try:
+        toolchain_mod.parse_version(request.kubernetes_version)
+        names = node_names(request.name, controlplanes=request.controlplanes, workers=request.workers)
+        network = netns.plan(request.name, [name for name, _ in names], cidr=request.cidr)
+    except (netns.NetworkError, toolchain_mod.ToolchainError) as exc:
+        raise PlanError(str(exc)) from exc
+    registry_url = f"http://{network.host_ip}:{registry_mod.REGISTRY_PORT}"
+    endpoint = f"https://{network.host_ip}:{lb.API_PORT}"
+    roles = dict(names)
+    cp_ips = tuple(node.ip for node in network.nodes if roles[node.name] == "controlplane")
+    options = gen.GenOptions(
+        cluster_name=request.name,
+        endpoint=endpoint,
+        kubernetes_version=request.kubernetes_version,
+        additional_sans=(network.host_ip,),
+        registry_mirrors={"*": (registry_url,), **request.registry_mirrors},
+        client_endpoints=cp_ips,
+        patches=request.config_patches,
+    )
+    progress("generating PKI and tokens")
+    bundle = secrets if secrets is not None else gen.new_secrets()
+    try:
+        generated = gen.generate(options, bundle)
+    except (gen.GenerateError, config_mod.ConfigError) as exc:
+        raise PlanError(f"cannot generate the machine configs: {exc}") from exc
+    controlplane_document = _patched(
+        generated.documents["controlplane"], request.controlplane_patches, "controlplane"
+    )
+    if request.self_hosted:
+        controlplane_document = without_static_pod_secrets(controlplane_document)
+    role_documents = {
+        "controlplane": _local_defaults(controlplane_document),
+        "worker": _local_defaults(_patched(generated.documents["worker"], request.worker_patches, "worker")),
+    }
+    nodes = tuple(
+        NodePlan(
+            name=address.name,
+            role=roles[address.name],
+            ip=address.ip,
+            netns=address.netns,
+            config=_node_config(role_documents[roles[address.name]], hostname=address.name),
+        )
+        for address in network.nodes
+    )
+    name, context = client_config.current(generated.client_config)
+    context = dataclasses.replace(context, nodes=tuple(node.ip for node in nodes))
+    return ClusterPlan(
+        request=request,
+        network=network,
+        endpoint=endpoint,
+        registry_url=registry_url,
+        nodes=nodes,
+        secrets=bundle,
+        client_config=client_config.ClientConfig(context=name, contexts={name: context}),
+    )
+
+
+def without_static_pod_secrets(document: gen.Document) -> gen.Document:
+    """The config in the self-hosted (older) format: no ``cluster.serviceAccount`` or
+    ``cluster.aggregatorCA`` (the bootstrap node generates them for its temporary control plane)."""
+    cluster = dict(document.get("cluster") or {})
+    for key in ("serviceAccount", "aggregatorCA"):
+        cluster.pop(key, None)
+    return {**document, "cluster": cluster}
+
+
+def _patched(document: gen.Document, patches: Sequence[gen.Patch], role: str) -> gen.Document:
+    try:
+        return gen.apply_patches(document, patches)
+    except config_mod.ConfigError as exc:
+        raise PlanError(f"--config-patch-{role}: {exc}") from exc
+
+
+def _node_config(document: gen.Document, *, hostname: str) -> str:
+    """The node's config: its role's document with its hostname, validated like the agent does."""
+    patched = gen.apply_patches(document, [{"machine": {"network": {"hostname": hostname}}}])
+    text = gen.dump_yaml(patched)
+    try:
+        config_mod.load(text)
+    except config_mod.ConfigError as exc:
+        raise PlanError(f"the machine config of node {hostname} is invalid: {exc}") from exc
+    return text
