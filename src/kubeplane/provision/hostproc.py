@@ -22,12 +22,11 @@ import dataclasses
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kubeplane import fileio
+from kubeplane import fileio, retry
 
 
 class HostProcessError(Exception):
@@ -172,13 +171,12 @@ def write_pidfile(path: Path, pid: int) -> None:
 
 
 def _wait_gone(record: ProcessRecord, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if not is_running(record):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
+    try:
+        return retry.Wait(what=f"{record.name} to exit", timeout=timeout, backoff=retry.fixed(0.05)).poll(
+            lambda: not is_running(record)
+        )
+    except retry.WaitTimeout:
+        return False
 
 
 def _signal_group(record: ProcessRecord, sig: signal.Signals) -> None:
@@ -207,11 +205,20 @@ def stop(record: ProcessRecord, *, timeout: float = 10.0) -> bool:
                     f"{record.name} (pid {record.pid}) survived SIGKILL; "
                     f"check `ps -o pid,stat,cmd -g {record.pid}`"
                 )
+
         # The leader is gone; make sure nothing it forked lingers in its group.
-        deadline = time.monotonic() + timeout
-        while group_members(record.pid, since=record.start_time) and time.monotonic() < deadline:
+        def group_gone() -> bool:
+            if not group_members(record.pid, since=record.start_time):
+                return True
             _signal_group(record, signal.SIGKILL)
-            time.sleep(0.05)
+            return False
+
+        with contextlib.suppress(retry.WaitTimeout):
+            retry.Wait(
+                what=f"the process group of {record.name} to be gone",
+                timeout=timeout,
+                backoff=retry.fixed(0.05),
+            ).poll(group_gone)
     if record.pidfile is not None:
         with contextlib.suppress(FileNotFoundError):
             Path(record.pidfile).unlink()

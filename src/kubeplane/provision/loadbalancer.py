@@ -27,11 +27,11 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from kubeplane import retry
 from kubeplane.config.paths import MAX_UNIX_SOCKET_PATH
 from kubeplane.provision import hostproc
 
@@ -275,17 +275,20 @@ class HAProxy:
 
     def wait_status(self, name: str, *, until: WaitFor, timeout: float = 10.0) -> ServerStatus:
         """Wait until server ``name`` is ``healthy`` or ``out`` of rotation; return its status."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def reached() -> ServerStatus:
             status = self.server_states()[name]
             if status.healthy if until == "healthy" else not status.in_rotation:
                 return status
-            if time.monotonic() >= deadline:
-                raise LoadBalancerError(
-                    f"haproxy server {name} is still {status.status} (check: {status.check}) "
-                    f"after {timeout}s, not {until}; see {self.log}"
-                )
-            time.sleep(0.1)
+            raise retry.NotYet(f"it is still {status.status} (check: {status.check})")
+
+        return retry.Wait(
+            what=f"haproxy server {name} to be {until}",
+            timeout=timeout,
+            backoff=retry.fixed(0.1),
+            error=LoadBalancerError,
+            hint=f"see {self.log}",
+        ).poll(reached)
 
     def _worker_pid(self) -> int | None:
         for line in self.admin("show info").splitlines():
@@ -295,19 +298,19 @@ class HAProxy:
 
     def _wait_admin(self, old_worker: int | None, *, timeout: float) -> None:
         """Wait until a worker other than ``old_worker`` answers on the admin socket."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def answered() -> bool:
             if self.record is None or not hostproc.is_running(self.record):
                 raise LoadBalancerError(f"haproxy exited; see {self.log}:\n{hostproc.tail(self.log)}")
             try:
                 worker = self._worker_pid()
             except LoadBalancerError:
                 worker = None
-            if worker is not None and worker != old_worker:
-                return
-            if time.monotonic() >= deadline:
-                raise LoadBalancerError(
-                    f"haproxy did not answer on {self.admin_socket} within {timeout}s; "
-                    f"see {self.log}:\n{hostproc.tail(self.log)}"
-                )
-            time.sleep(0.05)
+            return worker is not None and worker != old_worker
+
+        retry.Wait(
+            what=f"haproxy to answer on {self.admin_socket}",
+            timeout=timeout,
+            backoff=retry.fixed(0.05),
+            error=lambda message: LoadBalancerError(f"{message}; see {self.log}:\n{hostproc.tail(self.log)}"),
+        ).poll(answered)

@@ -25,12 +25,12 @@ import dataclasses
 import re
 import subprocess
 import tarfile
-import time
 from pathlib import Path
 
 import httpx
 import yaml
 
+from kubeplane import retry
 from kubeplane.provision import hostproc, images
 
 REGISTRY_PORT = 6000
@@ -197,23 +197,20 @@ class Registry:
         return httpx.Client(base_url=self.url, timeout=5, headers={"User-Agent": USER_AGENT}, trust_env=False)
 
     def wait_ready(self, *, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        last = ""
         with self._client() as client:
-            while True:
+
+            def answered() -> bool:
                 if self.record is not None and not hostproc.is_running(self.record):
                     raise RegistryError(f"docker-registry exited; see {self.log}:\n{hostproc.tail(self.log)}")
-                try:
-                    if client.get("/v2/").status_code == httpx.codes.OK:
-                        return
-                except httpx.TransportError as exc:
-                    last = str(exc)
-                if time.monotonic() >= deadline:
-                    raise RegistryError(
-                        f"the registry at {self.url}/v2/ did not answer within {timeout}s ({last}); "
-                        f"see {self.log}:\n{hostproc.tail(self.log)}"
-                    )
-                time.sleep(0.1)
+                return client.get("/v2/").status_code == httpx.codes.OK
+
+            retry.Wait(
+                what=f"the registry at {self.url}/v2/ to answer",
+                timeout=timeout,
+                backoff=retry.fixed(0.1),
+                retry_on=(httpx.TransportError,),
+                error=lambda message: RegistryError(f"{message}; see {self.log}:\n{hostproc.tail(self.log)}"),
+            ).poll(answered)
 
     def catalog(self) -> list[str]:
         """Repositories the registry holds."""
