@@ -31,7 +31,6 @@ import datetime
 import hashlib
 import json
 import logging
-import os
 import shutil
 import subprocess
 from collections.abc import Awaitable, Callable, Sequence
@@ -44,6 +43,7 @@ import yaml
 from kubeplane import config, fileio, pki, resources
 from kubeplane.agent import owned
 from kubeplane.agent.etcd import EtcdMember, cluster_admin_client
+from kubeplane.config import toolchain_cache
 from kubeplane.config.paths import NodePaths
 from kubeplane.controllers.k8s import kube_rest
 from kubeplane.resources import catalog
@@ -59,8 +59,7 @@ HEALTHZ_URL = "http://127.0.0.1:10248/healthz"
 CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 MASTER_TAINT = "node-role.kubernetes.io/master=:NoSchedule"
 #: Environment variable naming the toolchain cache (the same one :mod:`kubeplane.provision.toolchain` fills).
-CACHE_ENV = "KUBEPLANE_CACHE"
-_DEFAULT_CACHE = "/var/cache/kubeplane"
+CACHE_ENV = toolchain_cache.CACHE_ENV
 
 #: ``loader(socket, versions)`` makes the sandbox and component images of ``versions`` available
 #: to the containerd listening on ``socket``.
@@ -69,7 +68,7 @@ ImageLoader = Callable[[Path, Sequence[str]], Awaitable[None]]
 
 def toolchain_dir(version: str) -> Path:
     """Where the toolchain cache keeps ``version`` (``kubernetes/<version>`` below the cache)."""
-    return Path(os.environ.get(CACHE_ENV) or _DEFAULT_CACHE) / "kubernetes" / version
+    return toolchain_cache.version_dir(version)
 
 
 def image_tag(image: str) -> str:
@@ -150,7 +149,7 @@ async def import_toolchain_images(socket: Path, versions: Sequence[str]) -> None
     """Import the docker-archive images of ``versions`` from the toolchain cache (skipping present ones)."""
     present = set((await ctr(socket, "images", "ls", "-q")).split())
     for version in dict.fromkeys(versions):
-        images = toolchain_dir(version) / "images"
+        images = toolchain_dir(version) / toolchain_cache.IMAGES_DIR
         if not images.is_dir():
             raise FileNotFoundError(
                 f"no images for Kubernetes {version} in {images}; "
@@ -158,7 +157,7 @@ async def import_toolchain_images(socket: Path, versions: Sequence[str]) -> None
             )
         for archive in sorted(images.glob("*.tar")):
             name = archive.stem
-            ref = f"k8s.gcr.io/{name}:{'3.2' if name == 'pause' else version}"
+            ref = toolchain_cache.image_ref(name, version)
             if ref not in present:
                 log.info("importing image %s from %s", ref, archive)
                 await ctr(socket, "images", "import", str(archive))
@@ -442,7 +441,7 @@ class NodeServices:
         return image_tag(self.document.model.machine.kubelet_image)
 
     def kubelet_binary(self) -> Path:
-        candidate = toolchain_dir(self.kubelet_version) / "bin" / "kubelet"
+        candidate = toolchain_dir(self.kubelet_version) / toolchain_cache.BIN_DIR / "kubelet"
         if candidate.is_file():
             return candidate
         found = shutil.which("kubelet")

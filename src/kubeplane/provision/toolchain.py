@@ -15,7 +15,8 @@ that fills it:
 5. ``pause``: ``build/pause/linux/pause.c`` with ``gcc -Os -static``;
 6. ``images``: docker-archive tars named like upstream (:mod:`kubeplane.provision.images`).
 
-Layout under the cache directory (``$KUBEPLANE_CACHE``, default ``/var/cache/kubeplane``)::
+Layout under the cache directory (``$KUBEPLANE_CACHE``, default ``/var/cache/kubeplane``; the paths
+the agent reads too are spelled once, in :mod:`kubeplane.config.toolchain_cache`)::
 
     kubernetes/<version>/bin/<name>          binaries
     kubernetes/<version>/images/<name>.tar   docker-archive images
@@ -50,12 +51,13 @@ from pathlib import Path
 from typing import Any
 
 from kubeplane import fileio
+from kubeplane.config import toolchain_cache as cache_layout
 from kubeplane.provision import images as images_mod
 from kubeplane.provision import steps as steps_mod
 
-#: Environment variable that overrides the cache directory.
-CACHE_ENV = "KUBEPLANE_CACHE"
-DEFAULT_CACHE = Path("/var/cache/kubeplane")
+#: Environment variable that overrides the cache directory (layout: :mod:`kubeplane.config.toolchain_cache`).
+CACHE_ENV = cache_layout.CACHE_ENV
+DEFAULT_CACHE = cache_layout.DEFAULT_CACHE
 
 #: Binaries built with the upstream Makefile, in build order.
 KUBE_BINARIES = (
@@ -66,12 +68,12 @@ KUBE_BINARIES = (
     "kube-proxy",
     "kubectl",
 )
-PAUSE = "pause"
+PAUSE = cache_layout.PAUSE
 BINARIES = (*KUBE_BINARIES, PAUSE)
 #: Images packed per version; pause keeps the tag kubelet v1.20 uses as its default sandbox.
 IMAGES = (PAUSE, "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy")
-REGISTRY = "k8s.gcr.io"
-PAUSE_TAG = "3.2"
+REGISTRY = cache_layout.REGISTRY
+PAUSE_TAG = cache_layout.PAUSE_TAG
 
 SOURCE_PACKAGE = "kubernetes"
 GO_BIN = Path("/usr/lib/go-1.19/bin")
@@ -93,15 +95,15 @@ class ToolchainPaths:
 
     @property
     def bin_dir(self) -> Path:
-        return self.root / "bin"
+        return self.root / cache_layout.BIN_DIR
 
     @property
     def images_dir(self) -> Path:
-        return self.root / "images"
+        return self.root / cache_layout.IMAGES_DIR
 
     @property
     def stamp(self) -> Path:
-        return self.root / "stamp.json"
+        return self.root / cache_layout.STAMP_FILE
 
     def binary(self, name: str) -> Path:
         """Path of binary ``name`` (one of :data:`BINARIES`)."""
@@ -134,7 +136,7 @@ class ToolchainPaths:
 
 def image_ref(name: str, version: str) -> str:
     """Upstream reference of image ``name`` for Kubernetes ``version``."""
-    return f"{REGISTRY}/{name}:{PAUSE_TAG if name == PAUSE else version}"
+    return cache_layout.image_ref(name, version)
 
 
 def parse_version(version: str) -> str:
@@ -150,7 +152,7 @@ def parse_version(version: str) -> str:
 
 def default_cache_dir() -> Path:
     """``$KUBEPLANE_CACHE`` or ``/var/cache/kubeplane``."""
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
+    return cache_layout.cache_dir()
 
 
 def sha256_file(path: Path) -> str:
@@ -248,14 +250,14 @@ class Toolchain:
     def paths(self, version: str) -> ToolchainPaths:
         """Where the artifacts of ``version`` live (no check that they exist; see :meth:`ensure`)."""
         parse_version(version)
-        return ToolchainPaths(version, self.cache_dir / "kubernetes" / version)
+        return ToolchainPaths(version, cache_layout.version_dir(version, self.cache_dir))
 
     def versions(self) -> list[str]:
         """Versions that have a stamp in the cache (complete or not)."""
-        root = self.cache_dir / "kubernetes"
+        root = cache_layout.versions_dir(self.cache_dir)
         if not root.is_dir():
             return []
-        return sorted(p.name for p in root.iterdir() if (p / "stamp.json").is_file())
+        return sorted(p.name for p in root.iterdir() if (p / cache_layout.STAMP_FILE).is_file())
 
     def status(self, version: str) -> dict[str, Any]:
         """What the stamp of ``version`` says and which artifacts still verify."""
