@@ -1,6 +1,12 @@
 """Malformed and oversized requests against real servers on loopback: every one gets a clear
 error, none changes anything, and the servers keep serving.
 
+Both wires are fuzzed: the typed one, ``kubeplane.node.v1`` (protobuf: bytes that are not the
+method's message, unknown fields, known fields of another wire type, bad values, oversized
+messages; the ``v1`` tests at the end of the node and trustd sections), and the JSON wire older
+clients still speak (``kubeplane.machine.Machine``, ``kubeplane.trustd.Trustd``), which the other
+tests send to.
+
 The node API is a real ``kubeplaned --no-services`` agent (the acceptance tests' harness) booted
 with the generated control plane config, so ApplyConfiguration is the real one with the real
 config store behind it. The tests speak raw gRPC to it with the admin client certificate: the
@@ -51,7 +57,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from kubeplane import api, config, pki
-from kubeplane.api import transport, trustd, wire
+from kubeplane.api import schema, transport, trustd, wire
 from kubeplane.config import client as client_config
 from kubeplane.resources import catalog
 
@@ -187,7 +193,7 @@ class Wire:
 
     def call(self, name: str, body: bytes) -> Answer:
         """The node API call ``name`` (a table entry, or any other name as a unary call)."""
-        method = f"/{wire.SERVICE}/{name}"
+        method = f"/{wire.LEGACY_SERVICE}/{name}"
         entry = wire.CALLS_BY_NAME.get(name)
         return self.stream(method, body) if entry is not None and entry.stream else self.unary(method, body)
 
@@ -588,14 +594,22 @@ def test_unknown_methods_are_unimplemented_and_the_node_keeps_serving(node: Node
 
         @settings(SETTINGS, max_examples=60)
         @given(
-            service=st.sampled_from([wire.SERVICE, "kubeplane.trustd.Trustd", "grpc.health.v1.Health"])
+            service=st.sampled_from(
+                [
+                    wire.SERVICE,
+                    wire.LEGACY_SERVICE,
+                    trustd.LEGACY_SERVICE,
+                    schema.TRUSTD_SERVICE,
+                    "grpc.health.v1.Health",
+                ]
+            )
             | names,
             name=names,
             body=st.binary(max_size=64),
             stream=st.booleans(),
         )
         def example(service: str, name: str, body: bytes, stream: bool) -> None:
-            assume(not (service == wire.SERVICE and name in wire.CALLS_BY_NAME))
+            assume(not (service in (wire.SERVICE, wire.LEGACY_SERVICE) and name in wire.CALLS_BY_NAME))
             if not budget.take():
                 return
             method = f"/{service}/{name}"
@@ -722,9 +736,9 @@ def test_a_config_that_is_slow_to_refuse_does_not_stall_the_node(node: Node) -> 
     """YAML is parsed in pure Python, so a big broken config takes seconds to refuse (40 000
     duplicate keys: about six here). Meanwhile the node answers other calls as usual."""
     before = node.config_files()
-    slow = ("/" + wire.SERVICE + "/ApplyConfiguration", dumps({"data": "a:\n" * 40_000}))
+    slow = ("/" + wire.LEGACY_SERVICE + "/ApplyConfiguration", dumps({"data": "a:\n" * 40_000}))
     with wire_to(node) as channel:
-        answer, answered = channel.during(slow, ("/" + wire.SERVICE + "/Version", b"{}"))
+        answer, answered = channel.during(slow, ("/" + wire.LEGACY_SERVICE + "/Version", b"{}"))
         check(answer, Expect(), what="ApplyConfiguration of 40 000 duplicate keys")
         assert answer.code == "INVALID_ARGUMENT" and "duplicate key" in answer.details, answer
         took = answered[-1]
@@ -779,6 +793,225 @@ def test_a_file_name_that_is_not_utf8_is_listed_not_an_error(node: Node) -> None
         names = [entry["name"] for entry in json.loads(answer.messages[0])["replies"][0]["result"]]
         assert names == ["fuzz-names/bad-\udcff", "fuzz-names/ok"]
         still_serving(node, channel)
+
+
+# -- the typed wire (kubeplane.node.v1) -------------------------------------------------------
+
+
+def varint(number: int) -> bytes:
+    """A protobuf varint; a negative number as its 64-bit two's complement, as protobuf sends it."""
+    number &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        low = number & 0x7F
+        number >>= 7
+        if number:
+            out.append(0x80 | low)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def pb_field(number: int, wire_type: int, payload: bytes | int) -> bytes:
+    """One protobuf field: its tag, then a varint, or a length and bytes (wire type 2), or raw bytes."""
+    tag = varint(number << 3 | wire_type)
+    if wire_type == 0:
+        assert isinstance(payload, int)
+        return tag + varint(payload)
+    assert isinstance(payload, bytes)
+    return tag + (varint(len(payload)) + payload if wire_type == 2 else payload)
+
+
+def pb_value(param: wire.Param, number: int, value: object) -> bytes:
+    """``value`` as the parameter's own field."""
+    if isinstance(value, bool | int):
+        return pb_field(number, 0, int(value))
+    assert isinstance(value, str)
+    return pb_field(number, 2, value.encode("utf-8", "surrogatepass"))
+
+
+def typed(call: wire.Call, document: dict[str, Any]) -> bytes:
+    """A well-formed typed request (a client's own encoding)."""
+    cls = schema.request_class(call)
+    return cls(**{name: value for name, value in document.items() if value is not None}).SerializeToString()
+
+
+@st.composite
+def typed_requests(draw: st.DrawFn, call: wire.Call, message: Any = None) -> tuple[bytes, Expect]:
+    """A protobuf request for ``call`` with what is malformed by construction: each parameter left
+    out, good, out of its bounds (a NUL, too long, not a choice, a count out of range), sent with
+    another wire type or as text that is not UTF-8 (then the whole message is not one); and fields
+    the method does not know."""
+    cls = message or schema.request_class(call)
+    fields = {field.name: field.number for field in cls.DESCRIPTOR.fields}
+    parts: list[bytes] = []
+    bad: set[str] = set()
+    whole = False
+    for param in call.params:
+        number = fields[param.name]
+        choice = draw(st.sampled_from(["omit", "good", "good", "bad", "wire-type", "not-utf8"]))
+        if choice == "omit":
+            if param.required:
+                bad.add(param.name)
+        elif choice == "good" or (choice == "bad" and (param.kind is bool or param.name == "snapshot")):
+            # A bool has no bad value, nor bytes (the snapshot): any are some snapshot's.
+            parts.append(pb_value(param, number, draw(good_value(param))))
+        elif choice == "bad":
+            if param.kind is int:
+                value = draw(st.integers(max_value=-1) | st.integers(min_value=2**31, max_value=2**63 - 1))
+            else:
+                options = NUL_TEXT
+                if param.choices:
+                    options = options | st.text(max_size=12).filter(
+                        lambda text, bad=param.choices: text not in bad
+                    )
+                if param.max_length is not None:
+                    too_long = param.max_length + 1
+                    options = options | st.integers(too_long, 2 * too_long).map(lambda n: "x" * n)
+                value = draw(options)
+            parts.append(pb_value(param, number, value))
+            bad.add(param.name)
+        elif choice == "wire-type":
+            if param.kind is str:
+                parts.append(pb_field(number, 0, draw(st.integers(0, 2**64 - 1))))
+            else:
+                wire_type = draw(st.sampled_from([1, 2, 5]))
+                payload = draw(st.binary(min_size=8, max_size=8))
+                parts.append(pb_field(number, wire_type, payload[:4] if wire_type == 5 else payload))
+            bad.add(param.name)
+        elif param.kind is str and param.name != "snapshot":
+            parts.append(pb_field(number, 2, b"\xc3\x28" + draw(st.binary(max_size=4))))
+            whole = True
+        else:
+            parts.append(pb_value(param, number, draw(good_value(param))))
+    unknown = draw(st.lists(st.integers(min_value=len(fields) + 1, max_value=2**29 - 1), max_size=2))
+    for number in unknown:
+        parts.append(pb_field(number, 0, draw(st.integers(0, 2**32))))
+    order = draw(st.permutations(range(len(parts))))
+    body = b"".join(parts[index] for index in order)
+    if whole:
+        return body, Expect(whole=True)
+    return body, Expect(fields=frozenset(bad | {f"#{number}" for number in unknown}))
+
+
+def v1_expect(call: wire.Call, body: bytes) -> Expect:
+    """What the node must say to arbitrary bytes, from how protobuf reads them."""
+    decoded = schema.request_decoder(call)(body)
+    if isinstance(decoded, wire.BadRequest):
+        return Expect(whole=True)
+    try:
+        wire.validate(call, decoded)
+    except api.InvalidArgumentError as exc:
+        return Expect(fields=frozenset(path for path, _ in exc.fields))
+    return Expect()
+
+
+class TypedWire(Wire):
+    """Raw-bytes calls on the typed service; answers decode with the schema."""
+
+    def call(self, name: str, body: bytes) -> Answer:
+        method = f"/{wire.SERVICE}/{name}"
+        entry = wire.CALLS_BY_NAME.get(name)
+        return self.stream(method, body) if entry is not None and entry.stream else self.unary(method, body)
+
+
+@contextlib.contextmanager
+def typed_wire_to(node: Node) -> Iterator[TypedWire]:
+    with event_loop() as loop:
+        options = (("grpc.max_receive_message_length", transport.MAX_MESSAGE_BYTES),)
+        credentials = transport.secure_credentials(node.credentials)
+        channel = TypedWire(loop, loop.run_until_complete(_channel(node.target, credentials, options)))
+        try:
+            yield channel
+        finally:
+            channel.close()
+
+
+def still_serving_v1(node: Node, channel: TypedWire) -> None:
+    """The typed Version and ResourceGet still work, and the config did not change."""
+    version = channel.call("Version", b"")
+    assert version.code == "OK", f"version after the run: {version}\n{node.agent.logs()}"
+    (reply,) = schema.decode_replies(version.messages[0])["replies"]
+    assert reply["result"]["maintenance"] is False, reply
+    get = wire.CALLS_BY_NAME["ResourceGet"]
+    read = channel.call(
+        "ResourceGet", typed(get, {"type": catalog.MACHINE_TYPES, "id": catalog.MACHINE_TYPE_ID})
+    )
+    assert read.code == "OK", f"resource read after the run: {read}\n{node.agent.logs()}"
+    (reply,) = schema.decode_replies(read.messages[0])["replies"]
+    assert reply["result"]["metadata"]["id"] == catalog.MACHINE_TYPE_ID
+
+
+def test_v1_node_api_refuses_bytes_that_are_not_the_message_on_every_call(node: Node) -> None:
+    before = node.config_files()
+    budget = Budget()
+    with typed_wire_to(node) as channel:
+
+        @settings(SETTINGS, max_examples=200)
+        @given(name=st.sampled_from(CALL_NAMES), body=st.binary(max_size=300) | RAW_BODIES)
+        def example(name: str, body: bytes) -> None:
+            expect = v1_expect(wire.CALLS_BY_NAME[name], body)
+            if name in ONLY_MALFORMED or name == "ApplyConfiguration":
+                assume(expect.malformed)
+            if not budget.take():
+                return
+            answer = budget.seen(channel.call(name, body))
+            check(answer, expect, what=f"v1 {name} {body[:80]!r}")
+
+        example()
+        still_serving_v1(node, channel)
+    assert node.config_files() == before
+    budget.enough()
+    assert budget.codes["INVALID_ARGUMENT"], dict(budget.codes)
+
+
+def test_v1_node_api_names_every_malformed_field_on_every_call(node: Node) -> None:
+    before = node.config_files()
+    budget = Budget()
+    with typed_wire_to(node) as channel:
+
+        @settings(SETTINGS, max_examples=200)
+        @given(data=st.data(), name=st.sampled_from(CALL_NAMES))
+        def example(data: st.DataObject, name: str) -> None:
+            call = wire.CALLS_BY_NAME[name]
+            body, expect = data.draw(typed_requests(call), label="request")
+            if name in ONLY_MALFORMED:
+                assume(expect.malformed)
+            if not budget.take():
+                return
+            answer = budget.seen(channel.call(name, body))
+            check(answer, expect, what=f"v1 {name} {body[:200]!r}")
+            if name == "ApplyConfiguration" and not expect.malformed:
+                # Random text is never a valid machine config: refused by the node, not applied.
+                assert answer.code == "INVALID_ARGUMENT", answer
+
+        example()
+        still_serving_v1(node, channel)
+    assert node.config_files() == before
+    budget.enough()
+
+
+def test_v1_oversized_requests_are_resource_exhausted_and_change_nothing(node: Node) -> None:
+    before = node.config_files()
+    limit = transport.MAX_MESSAGE_BYTES
+    apply = wire.CALLS_BY_NAME["ApplyConfiguration"]
+    with typed_wire_to(node) as channel:
+        over = [
+            ("Version", pb_field(99, 2, b"x" * limit)),
+            ("ApplyConfiguration", typed(apply, {"data": "x" * limit})),
+            ("ResourceWatch", pb_field(1, 2, b"x" * limit)),
+        ]
+        for name, body in over:
+            answer = channel.call(name, body)
+            check(answer, Expect(), what=f"v1 {name} of {len(body)} bytes")
+            assert answer.code == "RESOURCE_EXHAUSTED", answer
+        # Under the limit but huge: the node's own clear error, small enough to be delivered.
+        answer = channel.call("Version", b"".join(pb_field(n, 0, n) for n in range(1, 20_001)))
+        check(answer, Expect(fields=frozenset({"#1"})), what="v1 Version with 20 000 unknown fields")
+        total = len(answer.details.encode()) + sum(len(k) + len(v) for k, v in answer.trailing)
+        assert total < 16 << 10, f"{total} bytes of status"
+        still_serving_v1(node, channel)
+    assert node.config_files() == before
 
 
 def test_maintenance_mode_refuses_malformed_requests_and_stays_in_maintenance(
@@ -922,7 +1155,7 @@ def test_trustd_refuses_malformed_requests_and_keeps_signing() -> None:
         def example(body: bytes) -> None:
             if not budget.take():
                 return
-            answer = budget.seen(channel.unary(trustd.METHOD, body))
+            answer = budget.seen(channel.unary(trustd.LEGACY_METHOD, body))
             what = f"trustd {body[:120]!r}"
             if len(body) > trustd.MAX_REQUEST_BYTES:
                 assert answer.code == "RESOURCE_EXHAUSTED", f"{what} -> {answer}"
@@ -931,7 +1164,7 @@ def test_trustd_refuses_malformed_requests_and_keeps_signing() -> None:
             _check_trustd(answer, what)
 
         example()
-        signed_node_certificate(channel.unary(trustd.METHOD, good_request(key)), server.ca)
+        signed_node_certificate(channel.unary(trustd.LEGACY_METHOD, good_request(key)), server.ca)
     budget.enough()
 
 
@@ -1128,7 +1361,7 @@ def test_trustd_refuses_malformed_csrs_with_the_right_token_and_signs_only_node_
         def example(csr: str) -> None:
             if not budget.take():
                 return
-            answer = budget.seen(channel.unary(trustd.METHOD, dumps({"token": TOKEN, "csr": csr})))
+            answer = budget.seen(channel.unary(trustd.LEGACY_METHOD, dumps({"token": TOKEN, "csr": csr})))
             what = f"trustd csr {csr[:200]!r}"
             if answer.code == "OK":
                 signed_node_certificate(answer, server.ca)
@@ -1139,7 +1372,7 @@ def test_trustd_refuses_malformed_csrs_with_the_right_token_and_signs_only_node_
             _check_trustd(answer, what)
 
         example()
-        signed_node_certificate(channel.unary(trustd.METHOD, good_request(key)), server.ca)
+        signed_node_certificate(channel.unary(trustd.LEGACY_METHOD, good_request(key)), server.ca)
     budget.enough()
     # The crafted CSRs got past the parsing to the policy: some signed, some refused by it.
     assert budget.codes["OK"] and budget.codes["PERMISSION_DENIED"] + budget.codes["FAILED_PRECONDITION"], (
@@ -1151,6 +1384,63 @@ def test_trustd_refuses_oversized_requests_and_keeps_signing() -> None:
     key = pki.generate_key()
     with running_trustd(f"{NET}.4") as (server, channel):
         for size in (trustd.MAX_REQUEST_BYTES + 1, 8 << 20):
-            answer = channel.unary(trustd.METHOD, dumps({"token": TOKEN, "csr": "A" * size}))
+            answer = channel.unary(trustd.LEGACY_METHOD, dumps({"token": TOKEN, "csr": "A" * size}))
             assert answer.code == "RESOURCE_EXHAUSTED", answer
-        signed_node_certificate(channel.unary(trustd.METHOD, good_request(key)), server.ca)
+        signed_node_certificate(channel.unary(trustd.LEGACY_METHOD, good_request(key)), server.ca)
+
+
+# -- trustd on the typed wire (kubeplane.node.v1.Trustd) ----------------------------------------
+
+
+def signed_v1(answer: Answer, ca: pki.CertKey) -> pki.CertInfo:
+    """:func:`signed_node_certificate` of a typed CertificateResponse."""
+    assert answer.code == "OK", answer
+    response = schema.decode_certificate_response(answer.messages[0])
+    return signed_node_certificate(Answer("OK", messages=(json.dumps(response).encode(),)), ca)
+
+
+def good_typed_request(key: bytes) -> bytes:
+    return schema.encode_certificate_request(json.loads(good_request(key)))
+
+
+def test_v1_trustd_refuses_malformed_requests_and_keeps_signing() -> None:
+    budget = Budget()
+    key = pki.generate_key()
+    certificate_request = schema.trustd_pb2.CertificateRequest
+    shapes = st.one_of(
+        st.binary(max_size=300),
+        RAW_BODIES,
+        typed_requests(trustd.REQUEST, certificate_request).map(lambda drawn: drawn[0]),
+        st.integers(min_value=1, max_value=60_000).map(
+            lambda n: schema.encode_certificate_request({"token": TOKEN, "csr": "A" * n})
+        ),
+    )
+    with running_trustd(f"{NET}.5") as (server, channel):
+
+        @settings(SETTINGS, max_examples=150)
+        @given(body=shapes)
+        def example(body: bytes) -> None:
+            if not budget.take():
+                return
+            answer = budget.seen(channel.unary(trustd.METHOD, body))
+            what = f"v1 trustd {body[:120]!r}"
+            if len(body) > trustd.MAX_REQUEST_BYTES:
+                assert answer.code == "RESOURCE_EXHAUSTED", f"{what} -> {answer}"
+                return
+            assert answer.code in {"INVALID_ARGUMENT", "PERMISSION_DENIED"}, f"{what} -> {answer}"
+            _check_trustd(answer, what)
+
+        example()
+        signed_v1(channel.unary(trustd.METHOD, good_typed_request(key)), server.ca)
+    budget.enough()
+    assert budget.codes["INVALID_ARGUMENT"] and budget.codes["PERMISSION_DENIED"], dict(budget.codes)
+
+
+def test_v1_trustd_refuses_oversized_requests_and_keeps_signing() -> None:
+    key = pki.generate_key()
+    with running_trustd(f"{NET}.6") as (server, channel):
+        for size in (trustd.MAX_REQUEST_BYTES + 1, 8 << 20):
+            body = schema.encode_certificate_request({"token": TOKEN, "csr": "A" * size})
+            answer = channel.unary(trustd.METHOD, body)
+            assert answer.code == "RESOURCE_EXHAUSTED", answer
+        signed_v1(channel.unary(trustd.METHOD, good_typed_request(key)), server.ca)

@@ -209,8 +209,7 @@ class NodeClient:
     async def read_file(self, path: str) -> AsyncIterator[Reply[bytes]]:
         """Chunks of a file under the node root (admin only)."""
         async for reply in self.stream("ReadFile", {"path": path}):
-            chunk = None if reply.result is None else wire.decode_chunk(reply.result)
-            yield Reply(node=reply.node, result=chunk, error=reply.error)
+            yield reply
 
     async def list_dir(self, path: str = ".", *, recurse: bool = False) -> list[Reply[list[wire.Document]]]:
         """Directory entries under the node root."""
@@ -278,8 +277,7 @@ class NodeClient:
     async def etcd_snapshot(self) -> AsyncIterator[Reply[bytes]]:
         """Chunks of an etcd snapshot (admin only)."""
         async for reply in self.stream("EtcdSnapshot"):
-            chunk = None if reply.result is None else wire.decode_chunk(reply.result)
-            yield Reply(node=reply.node, result=chunk, error=reply.error)
+            yield reply
 
     async def kubeconfig(self) -> list[Reply[wire.Document]]:
         """``{"kubeconfig": YAML}`` admin kubeconfig of the cluster (admin only)."""

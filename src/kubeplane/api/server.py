@@ -6,6 +6,11 @@ role, check the call table's access rule, then either serve locally (checking re
 sensitivity for readers first) or fan out to the nodes in the ``nodes`` metadata. A failure on
 this node is a gRPC status; a failure of one forwarded node is an in-band error labelled with the
 node, so one dead node never hides the others' answers.
+
+The calls are served twice, by the same handlers: as the typed ``kubeplane.node.v1.Machine``
+(:mod:`kubeplane.api.schema`) and as the JSON ``kubeplane.machine.Machine`` of clients older than
+the schema. gRPC server reflection (``grpc.reflection.v1alpha``) lists the typed service and
+serves its descriptors, so generic clients such as grpcurl can call it.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
+from grpc_reflection.v1alpha import reflection
 
 from kubeplane import pki
-from kubeplane.api import auth, errors, transport, wire
+from kubeplane.api import auth, errors, schema, transport, wire
 from kubeplane.api.backend import NodeBackend
 
 log = logging.getLogger(__name__)
@@ -109,7 +115,10 @@ class NodeAPIServer:
                 ("grpc.so_reuseport", 0),
             )
         )
-        server.add_generic_rpc_handlers((self._generic_handler(),))
+        server.add_generic_rpc_handlers(
+            (self._generic_handler(wire.SERVICE, typed=True), self._generic_handler(wire.LEGACY_SERVICE))
+        )
+        reflection.enable_server_reflection((wire.SERVICE, reflection.SERVICE_NAME), server)
         try:
             self.port = server.add_secure_port(listen, credentials)
         except RuntimeError as exc:
@@ -136,22 +145,24 @@ class NodeAPIServer:
 
     # -- gRPC plumbing -------------------------------------------------------------------------
 
-    def _generic_handler(self) -> Any:
+    def _generic_handler(self, service: str, *, typed: bool = False) -> Any:
+        """Every call of the table on ``service``: protobuf messages when ``typed``, else JSON."""
         handlers = {}
         for call in wire.CALLS:
+            decode: Callable[[bytes], wire.Document | wire.BadRequest] = wire.decode_request
+            encode: Callable[[Any], bytes] = wire.encode
+            if typed:
+                decode = schema.request_decoder(call)
+                encode = schema.encode_stream_reply if call.stream else schema.encode_replies
             if call.stream:
                 handlers[call.name] = grpc.unary_stream_rpc_method_handler(
-                    self._stream_handler(call),
-                    request_deserializer=wire.decode_request,
-                    response_serializer=wire.encode,
+                    self._stream_handler(call), request_deserializer=decode, response_serializer=encode
                 )
             else:
                 handlers[call.name] = grpc.unary_unary_rpc_method_handler(
-                    self._unary_handler(call),
-                    request_deserializer=wire.decode_request,
-                    response_serializer=wire.encode,
+                    self._unary_handler(call), request_deserializer=decode, response_serializer=encode
                 )
-        return grpc.method_handlers_generic_handler(wire.SERVICE, handlers)
+        return grpc.method_handlers_generic_handler(service, handlers)
 
     def _unary_handler(self, call: wire.Call) -> Callable[[Any, Any], Awaitable[wire.Document]]:
         async def handle(request: wire.Document | wire.BadRequest, context: Any) -> wire.Document:

@@ -1,7 +1,10 @@
 """One gRPC channel to one node API endpoint: credentials, invoking calls, decoding errors.
 
 Shared by :class:`~kubeplane.api.client.NodeClient` and by the server when it forwards proxied
-calls, so both speak exactly the wire conventions of :mod:`kubeplane.api.wire`.
+calls, so both speak exactly the wire conventions of :mod:`kubeplane.api.wire`, on the typed
+service :data:`~kubeplane.api.wire.SERVICE` (messages: :mod:`kubeplane.api.schema`). A request
+that service would refuse as malformed is refused here, before anything is sent, with the same
+INVALID_ARGUMENT :class:`~kubeplane.api.errors.CallError` naming the fields.
 
 A failed call becomes :class:`~kubeplane.api.errors.CallError` when a node API answered it (its
 trailing metadata carries :data:`~kubeplane.api.wire.MD_ORIGIN`) or the server's grpc refused it
@@ -23,7 +26,7 @@ import grpc.aio
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from kubeplane.api import auth, errors, wire
+from kubeplane.api import auth, errors, schema, wire
 
 #: Resource lists of a busy node exceed grpc's 4 MiB default.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -35,6 +38,17 @@ _CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
 
 #: Codes grpc answers with itself, without a node API handler (so without MD_ORIGIN).
 _REFUSED_BY_GRPC = frozenset({"RESOURCE_EXHAUSTED", "UNIMPLEMENTED"})
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def _request_bytes(call: wire.Call, request: Mapping[str, Any]) -> bytes:
+    try:
+        return schema.request_encoder(call)(request)
+    except errors.InvalidArgumentError as exc:
+        raise errors.CallError(exc.code, exc.message, fields=exc.fields) from None
 
 
 class Unreachable(Exception):
@@ -173,11 +187,12 @@ class Connection:
         timeout: float | None,
     ) -> wire.Document:
         """Make a unary call; raises CallError or Unreachable."""
+        body = _request_bytes(call, request)
         method = self._channel.unary_unary(
-            call.method, request_serializer=wire.encode, response_deserializer=wire.decode
+            call.method, request_serializer=_identity, response_deserializer=schema.decode_replies
         )
         try:
-            document: wire.Document = await method(dict(request), metadata=tuple(metadata), timeout=timeout)
+            document: wire.Document = await method(body, metadata=tuple(metadata), timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise call_error(exc, endpoint=self.endpoint) from None
         return document
@@ -191,10 +206,11 @@ class Connection:
         timeout: float | None,
     ) -> AsyncIterator[wire.Document]:
         """Make a streaming call; the stream is cancelled when the iterator is closed early."""
+        body = _request_bytes(call, request)
         method = self._channel.unary_stream(
-            call.method, request_serializer=wire.encode, response_deserializer=wire.decode
+            call.method, request_serializer=_identity, response_deserializer=schema.decode_stream_reply
         )
-        rpc = method(dict(request), metadata=tuple(metadata), timeout=timeout)
+        rpc = method(body, metadata=tuple(metadata), timeout=timeout)
         try:
             async for message in rpc:
                 yield message

@@ -2,8 +2,10 @@
 
 Workers' configs carry the OS CA certificate without its key, so they cannot issue their own
 node API server certificates. A control plane node serves trustd on port 50001: one gRPC method,
-``/kubeplane.trustd.Trustd/Certificate``, in the JSON style of :mod:`kubeplane.api.wire` —
-request ``{"token", "csr"}`` (PEM CSR), response ``{"crt", "ca"}``. The channel is TLS with the
+``/kubeplane.node.v1.Trustd/Certificate`` (``proto/kubeplane/node/v1/trustd.proto``, with server
+reflection) — request ``CertificateRequest{token, csr}`` (PEM CSR), response
+``CertificateResponse{crt, ca}`` — and, for workers older than the schema, the same as JSON
+documents on ``/kubeplane.trustd.Trustd/Certificate``. The channel is TLS with the
 control plane node's API server certificate (the worker verifies it against the OS CA it has);
 the caller proves itself with the machine token only, compared in constant time. A wrong token
 is ``PERMISSION_DENIED`` and nothing is signed. A request that is not that document (not JSON, a
@@ -64,14 +66,18 @@ import grpc
 import grpc.aio
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+from grpc_reflection.v1alpha import reflection
 
 from kubeplane import pki
-from kubeplane.api import auth, errors, wire
+from kubeplane.api import auth, errors, schema, wire
 
 log = logging.getLogger("kubeplaned.trustd")
 
 PORT = 50001
-METHOD = "/kubeplane.trustd.Trustd/Certificate"
+METHOD = schema.TRUSTD_METHOD
+#: The JSON wire of trustd from before the schema; still served, never called.
+LEGACY_SERVICE = "kubeplane.trustd.Trustd"
+LEGACY_METHOD = f"/{LEGACY_SERVICE}/Certificate"
 #: Worker node API certificates are renewed by restarting the agent well before this.
 LIFETIME = datetime.timedelta(days=365)
 #: Where the control plane nodes' addresses are listed (the kube-apiservers' advertise addresses).
@@ -309,12 +315,21 @@ class TrustdServer:
         server = grpc.aio.server(
             options=(("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_REQUEST_BYTES))
         )
-        handler = grpc.unary_unary_rpc_method_handler(
+        typed = grpc.unary_unary_rpc_method_handler(
+            self._certificate,
+            request_deserializer=schema.decode_certificate_request,
+            response_serializer=schema.encode_certificate_response,
+        )
+        legacy = grpc.unary_unary_rpc_method_handler(
             self._certificate, request_deserializer=wire.decode_request, response_serializer=_encode
         )
         server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("kubeplane.trustd.Trustd", {"Certificate": handler}),)
+            (
+                grpc.method_handlers_generic_handler(schema.TRUSTD_SERVICE, {"Certificate": typed}),
+                grpc.method_handlers_generic_handler(LEGACY_SERVICE, {"Certificate": legacy}),
+            )
         )
+        reflection.enable_server_reflection((schema.TRUSTD_SERVICE, reflection.SERVICE_NAME), server)
         credentials = grpc.ssl_server_credentials([(self._credentials.key, self._credentials.cert)])
         self.port = server.add_secure_port(listen, credentials)
         await server.start()
@@ -490,7 +505,11 @@ async def _ask(
         pem = csr
     channel = grpc.aio.secure_channel(where, grpc.ssl_channel_credentials(root_certificates=ca))
     try:
-        call = channel.unary_unary(METHOD, request_serializer=_encode, response_deserializer=json.loads)
+        call = channel.unary_unary(
+            METHOD,
+            request_serializer=schema.encode_certificate_request,
+            response_deserializer=schema.decode_certificate_response,
+        )
         response = await asyncio.wait_for(call({"token": token, "csr": pem.decode()}), timeout)
         log.info("trustd at %s signed the node API certificate", where)
         return str(response["crt"]).encode()

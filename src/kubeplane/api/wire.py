@@ -1,11 +1,15 @@
-"""Wire conventions of the node API: service name, JSON codec, metadata keys and the call table.
+"""Wire conventions of the node API: service names, documents, metadata keys and the call table.
 
-The service ``kubeplane.machine.Machine`` is registered generically (no protoc): every request
-and response is one JSON document (UTF-8, compact). The call table :data:`CALLS` is the single
-place that says, for each call, whether it streams, which backend method serves it, which
-parameters it takes, who may make it and whether maintenance mode accepts it; the server, the
-client and the tests are all driven by it, so adding a call is one :class:`Call` entry plus the
-backend method.
+The node API is the typed service ``kubeplane.node.v1.Machine`` (:data:`SERVICE`), defined in
+``proto/kubeplane/node/v1/machine.proto``; :mod:`kubeplane.api.schema` converts its protobuf
+messages to and from the documents below, which are what the server, the client and the backend
+work with. The same calls are also served, for clients older than the schema, as the untyped
+``kubeplane.machine.Machine`` (:data:`LEGACY_SERVICE`), where every request and response is one
+of these documents as JSON (UTF-8, compact; file chunks ``{"data": base64}``); docs/api.md says
+how long. The call table :data:`CALLS` is the single place that says, for each call, whether it
+streams, which backend method serves it, which parameters it takes, who may make it and whether
+maintenance mode accepts it; the server, the client and the tests are all driven by it, so
+adding a call is one :class:`Call` entry, its method in the .proto file, plus the backend method.
 
 Documents:
 
@@ -20,10 +24,12 @@ A call that fails on the node that received it (not a proxied node) fails with t
 instead; its trailing metadata carries :data:`MD_ORIGIN` (so the client can tell a node's answer
 from a connection failure) and :data:`MD_FIELDS` (JSON field errors of INVALID_ARGUMENT).
 
-Malformed requests: bytes that are not one JSON object (:func:`decode_request`) and parameters
-that are missing, unknown, of the wrong type or unusable (a NUL, a lone surrogate, too long, out
-of range; :func:`validate`) are INVALID_ARGUMENT naming the request or the fields, before the
-backend sees anything; a message over the transport's limit is RESOURCE_EXHAUSTED from grpc.
+Malformed requests: bytes that are not the method's protobuf message
+(:func:`kubeplane.api.schema.decode_message`) or, on the JSON wire, one JSON object
+(:func:`decode_request`), and parameters that are missing, unknown, of the wrong type or
+unusable (a NUL, a lone surrogate, too long, out of range; :func:`validate`) are
+INVALID_ARGUMENT naming the request or the fields, before the backend sees anything; a message
+over the transport's limit is RESOURCE_EXHAUSTED from grpc.
 What an error repeats of the request is escaped and bounded (:func:`status_message`,
 :func:`status_fields`), so every status can be sent and received.
 """
@@ -38,7 +44,10 @@ from typing import Any, Literal
 
 from kubeplane.api import errors
 
-SERVICE = "kubeplane.machine.Machine"
+#: The typed node API (kubeplane/node/v1/machine.proto); the client and forwarding nodes call it.
+SERVICE = "kubeplane.node.v1.Machine"
+#: The JSON wire of the same calls, from before the schema; still served, never called.
+LEGACY_SERVICE = "kubeplane.machine.Machine"
 DEFAULT_PORT = 50000
 
 #: Comma-separated node list the receiving server forwards the call to.
@@ -59,11 +68,26 @@ def encode(document: object) -> bytes:
 
     A lone surrogate (a file name that is not UTF-8, as Python decodes one) has no UTF-8 form: such
     a document travels with every non-ASCII character escaped, which JSON readers decode the same.
+    Bytes (file and snapshot chunks) become ``{"data": base64}`` (:func:`encode_chunk`).
     """
     try:
-        return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+        return json.dumps(document, separators=(",", ":"), ensure_ascii=False, default=_chunk).encode()
     except UnicodeEncodeError:
-        return json.dumps(document, separators=(",", ":")).encode()
+        return json.dumps(document, separators=(",", ":"), default=_chunk).encode()
+
+
+def _chunk(value: object) -> object:
+    if isinstance(value, bytes):
+        return encode_chunk(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A parameter value the request deserializer could not read as its type (a protobuf field
+    sent with another wire type); :func:`validate` refuses it with ``problem``."""
+
+    problem: str
 
 
 @dataclass(frozen=True)
@@ -220,6 +244,11 @@ class Call:
         """Full gRPC method path."""
         return f"/{SERVICE}/{self.name}"
 
+    @property
+    def legacy_method(self) -> str:
+        """Its path on the JSON wire (:data:`LEGACY_SERVICE`)."""
+        return f"/{LEGACY_SERVICE}/{self.name}"
+
 
 APPLY_MODES = ("reboot", "immediate", "on-reboot", "no-reboot")
 SERVICE_ACTIONS = ("start", "stop", "restart")
@@ -261,7 +290,6 @@ CALLS: tuple[Call, ...] = (
         stream=True,
         params=(Param("path", str, required=True),),
         access="admin",
-        to_wire=encode_chunk,
     ),
     Call(
         "ListDir", "list_dir", params=(Param("path", str, default="."), Param("recurse", bool, default=False))
@@ -303,7 +331,7 @@ CALLS: tuple[Call, ...] = (
     Call("EtcdMembers", "etcd_members", access="admin"),
     Call("EtcdLeave", "etcd_leave", params=(Param("force", bool, default=False),), access="admin"),
     Call("EtcdForfeitLeadership", "etcd_forfeit_leadership", access="admin"),
-    Call("EtcdSnapshot", "etcd_snapshot", stream=True, access="admin", to_wire=encode_chunk),
+    Call("EtcdSnapshot", "etcd_snapshot", stream=True, access="admin"),
     Call("Kubeconfig", "kubeconfig", access="admin"),
     Call("Containers", "containers", access="admin"),
     Call("ImagePull", "image_pull", params=(Param("image", str, required=True),), access="admin"),
@@ -349,6 +377,8 @@ def validate(call: Call, request: Mapping[str, Any]) -> dict[str, object]:
 
 def _problem(param: Param, value: object) -> str | None:
     """What is wrong with ``value`` for ``param`` (not None), or None."""
+    if isinstance(value, Malformed):
+        return value.problem
     # bool is a subclass of int in Python but not in JSON: refuse true for an int parameter.
     if not isinstance(value, param.kind) or (param.kind is int and isinstance(value, bool)):
         return f"must be a {param.kind.__name__}, got {type(value).__name__}"
