@@ -72,27 +72,6 @@ def test_kv_put_get_prefix_delete(etcd_server: EtcdServer) -> None:
     run(scenario())
 
 
-def test_txn_compare_and_swap(etcd_server: EtcdServer) -> None:
-    async def scenario() -> None:
-        async with etcd_server.client_for() as etcd:
-            await etcd.compare_and_swap(b"/cas", expected=None, value=b"v1")
-            with pytest.raises(errors.EtcdConflict, match="found b'v1'"):
-                await etcd.compare_and_swap(b"/cas", expected=None, value=b"other")
-            await etcd.compare_and_swap(b"/cas", expected=b"v1", value=b"v2")
-            assert await etcd.get_value(b"/cas") == b"v2"
-
-            current = (await etcd.get(b"/cas")).kvs[0]
-            stale = etcd_client.Compare.mod_revision(b"/cas", "==", current.mod_revision - 1)
-            result = await etcd.txn(
-                [stale], [etcd_client.Op.put(b"/cas", b"x")], [etcd_client.Op.get(b"/cas")]
-            )
-            assert not result.succeeded
-            assert isinstance(result.responses[0], etcd_client.RangeResult)
-            assert result.responses[0].kvs[0].value == b"v2"
-
-    run(scenario())
-
-
 def test_lease_expiry_keepalive_revoke(etcd_server: EtcdServer) -> None:
     async def gone(etcd: etcd_client.EtcdClient, key: bytes) -> bool | None:
         return True if await etcd.get_value(key) is None else None
@@ -141,34 +120,6 @@ def test_lock_mutual_exclusion(etcd_server: EtcdServer) -> None:
     for index in range(0, 6, 2):
         assert events[index][1] == "in"
         assert events[index + 1] == (events[index][0], "out")
-
-
-def test_election_campaign_leader_resign_observe(etcd_server: EtcdServer) -> None:
-    async def scenario() -> None:
-        async with etcd_server.client_for() as a, etcd_server.client_for() as b:
-            assert await a.leader(b"elect") is None
-            async with a.lease(10) as lease_a, b.lease(10) as lease_b:
-                leader_a = await a.campaign(b"elect", b"node-a", lease=lease_a.id)
-                current = await a.leader(b"elect")
-                assert current is not None and current.value == b"node-a"
-
-                observed = b.observe(b"elect")
-                first = await anext(observed)
-                assert first.value == b"node-a"
-
-                waiting = asyncio.create_task(b.campaign(b"elect", b"node-b", lease=lease_b.id))
-                await asyncio.sleep(0.5)
-                assert not waiting.done(), "a second campaigner must wait while a leads"
-                await a.resign(leader_a)
-                leader_b = await asyncio.wait_for(waiting, 10)
-                assert leader_b.name == b"elect"
-                changed = await asyncio.wait_for(anext(observed), 10)
-                assert changed.value == b"node-b"
-                await observed.aclose()
-                current = await a.leader(b"elect")
-                assert current is not None and current.value == b"node-b"
-
-    run(scenario())
 
 
 def test_members_status_snapshot(etcd_server: EtcdServer, free_port: Callable[[], int]) -> None:

@@ -1,7 +1,7 @@
 """kubeplane.clients: thin clients for etcd and Kubernetes, the innermost layer.
 
 - :mod:`kubeplane.clients.etcd`: an asyncio etcd v3 client over etcd's JSON gateway with mutual
-  TLS and endpoint failover (KV, transactions, leases, locks, elections, members, status,
+  TLS and endpoint failover (KV, leases, locks, watches, members, status,
   snapshots);
 - :mod:`kubeplane.clients.kube`: an ``ApiClient`` from kubeconfig text, retryable-error
   classification for the official ``kubernetes`` client (mapped to ``KubeUnavailable`` by ``call``),
@@ -16,8 +16,8 @@ request again later may succeed)::
     ClientError                   base class
     ├── EtcdError                 etcd refused or failed a request (.code: gRPC code, .endpoint)
     │   ├── EtcdUnavailable       retryable: no endpoint answered, no leader, overloaded, timeout
-    │   ├── EtcdNotFound          lease, member or election does not exist
-    │   ├── EtcdConflict          compare-and-swap lost; state forbids the change (duplicate peer URL)
+    │   ├── EtcdNotFound          lease or member does not exist
+    │   ├── EtcdConflict          the cluster's state forbids the change (duplicate peer URL)
     │   │   ├── EtcdLearnerNotReady   retryable: the learner has not caught up, promote it later
     │   │   └── EtcdMemberNotLearner  promoting a member that already votes
     │   ├── EtcdCompacted         the revision asked for was compacted away

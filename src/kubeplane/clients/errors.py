@@ -49,11 +49,11 @@ class EtcdUnavailable(EtcdError):
 
 
 class EtcdNotFound(EtcdError):
-    """The lease, member or election the request names does not exist."""
+    """The lease or member the request names does not exist."""
 
 
 class EtcdConflict(EtcdError):
-    """A compare-and-swap lost, or the cluster's state forbids the change (e.g. duplicate peer URL)."""
+    """The cluster's state forbids the change (e.g. duplicate peer URL, too many learners)."""
 
 
 class EtcdLearnerNotReady(EtcdConflict):

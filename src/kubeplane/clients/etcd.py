@@ -7,11 +7,11 @@ hides from callers:
 
 - every request is a ``POST`` of a JSON object; fields use the proto names (``range_end``,
   ``create_revision`` but ``peerURLs``, ``dbSize``, ``TTL``, ``ID``);
-- ``bytes`` fields (keys, values, lock and election names) are base64, int64 fields are JSON
+- ``bytes`` fields (keys, values, lock names) are base64, int64 fields are JSON
   strings, and fields equal to their zero value are left out of responses;
 - failures come back as ``{"error", "message", "code"}`` with a gRPC status code, mapped here to
   the :mod:`kubeplane.clients.errors` tree with a ``retryable`` flag;
-- streaming calls (lease keepalive, election observe, snapshot) answer with one
+- streaming calls (lease keepalive, watch, snapshot) answer with one
   ``{"result": ...}`` JSON object per line.
 
 Two guarantees beyond the gateway's: a block run under :meth:`EtcdClient.lease` or
@@ -51,8 +51,6 @@ log = logging.getLogger(__name__)
 #: Seconds a unary request may take unless the caller says otherwise.
 DEFAULT_TIMEOUT = 10.0
 
-Operator = Literal["==", "!=", "<", ">"]
-_OPERATORS: dict[str, str] = {"==": "EQUAL", "!=": "NOT_EQUAL", "<": "LESS", ">": "GREATER"}
 
 # gRPC status codes (google.golang.org/grpc/codes) that etcd's gateway reports.
 _INVALID_ARGUMENT = 3
@@ -97,9 +95,6 @@ _TRANSIENT_MESSAGES = (
     "too many learner members",
     "unhealthy cluster",
 )
-
-# "election: no leader" arrives as code 2 (Unknown); it means "nobody holds the election".
-_NO_LEADER = "election: no leader"
 
 
 def tls_context(*, ca: bytes, cert: bytes, key: bytes) -> ssl.SSLContext:
@@ -229,132 +224,11 @@ class DeleteResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class Compare:
-    """One condition of a transaction; build it with the class methods."""
-
-    key: bytes
-    target: Literal["VALUE", "VERSION", "CREATE", "MOD", "LEASE"]
-    operator: Operator
-    operand: bytes | int
-
-    @classmethod
-    def value(cls, key: bytes, operator: Operator, value: bytes) -> Compare:
-        return cls(key, "VALUE", operator, value)
-
-    @classmethod
-    def version(cls, key: bytes, operator: Operator, version: int) -> Compare:
-        """``version == 0`` is how a transaction asks "the key does not exist"."""
-        return cls(key, "VERSION", operator, version)
-
-    @classmethod
-    def create_revision(cls, key: bytes, operator: Operator, revision: int) -> Compare:
-        return cls(key, "CREATE", operator, revision)
-
-    @classmethod
-    def mod_revision(cls, key: bytes, operator: Operator, revision: int) -> Compare:
-        return cls(key, "MOD", operator, revision)
-
-    def to_json(self) -> dict[str, Any]:
-        field = {
-            "VALUE": "value",
-            "VERSION": "version",
-            "CREATE": "create_revision",
-            "MOD": "mod_revision",
-            "LEASE": "lease",
-        }[self.target]
-        operand = _b64(self.operand) if isinstance(self.operand, bytes) else str(self.operand)
-        return {
-            "key": _b64(self.key),
-            "target": self.target,
-            "result": _OPERATORS[self.operator],
-            field: operand,
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class Op:
-    """One request inside a transaction; build it with :meth:`get`, :meth:`put`, :meth:`delete`."""
-
-    kind: Literal["range", "put", "delete_range"]
-    body: dict[str, Any]
-
-    @classmethod
-    def get(cls, key: bytes, *, prefix: bool = False) -> Op:
-        return cls("range", _range_body(key, prefix=prefix))
-
-    @classmethod
-    def put(cls, key: bytes, value: bytes, *, lease: int = 0) -> Op:
-        return cls("put", _put_body(key, value, lease=lease))
-
-    @classmethod
-    def delete(cls, key: bytes, *, prefix: bool = False) -> Op:
-        return cls("delete_range", _range_body(key, prefix=prefix))
-
-    def to_json(self) -> dict[str, Any]:
-        return {f"request_{self.kind}": self.body}
-
-
-TxnResponse = RangeResult | PutResult | DeleteResult
-
-
-@dataclasses.dataclass(frozen=True)
-class TxnResult:
-    """Whether the compares held, and one response per operation of the branch that ran."""
-
-    succeeded: bool
-    revision: int
-    responses: list[TxnResponse]
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TxnResult:
-        responses: list[TxnResponse] = []
-        for item in data.get("responses", []):
-            if "response_range" in item:
-                responses.append(RangeResult.from_json(item["response_range"]))
-            elif "response_put" in item:
-                responses.append(PutResult.from_json(item["response_put"]))
-            elif "response_delete_range" in item:
-                responses.append(DeleteResult.from_json(item["response_delete_range"]))
-        return cls(
-            succeeded=bool(data.get("succeeded", False)),
-            revision=_int(data.get("header", {}).get("revision")),
-            responses=responses,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
 class Lease:
     """A granted lease: its ID and the TTL (seconds) the server granted."""
 
     id: int
     ttl: int
-
-
-@dataclasses.dataclass(frozen=True)
-class LeaderKey:
-    """Proof of leadership returned by :meth:`EtcdClient.campaign`; hand it back to resign."""
-
-    name: bytes
-    key: bytes
-    rev: int
-    lease: int
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LeaderKey:
-        return cls(
-            name=_unb64(data.get("name")),
-            key=_unb64(data.get("key")),
-            rev=_int(data.get("rev")),
-            lease=_int(data.get("lease")),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": _b64(self.name),
-            "key": _b64(self.key),
-            "rev": str(self.rev),
-            "lease": str(self.lease),
-        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -438,8 +312,6 @@ def error_from_response(*, status: int, body: bytes, endpoint: str) -> errors.Et
     except (ValueError, AttributeError, TypeError):
         message, code = body.decode(errors="replace").strip(), None
     message = message or f"HTTP {status}"
-    if _NO_LEADER in message:
-        return errors.EtcdNotFound(message, code=code, endpoint=endpoint)
     if code is None:
         # Not a gRPC answer at all (a proxy, a wrong port, a 404 for an unknown path).
         kind: type[errors.EtcdError] = errors.EtcdUnavailable if status >= 500 else errors.EtcdInvalidRequest
@@ -588,36 +460,6 @@ class EtcdClient:
             body["physical"] = True
         await self._call("/v3/kv/compaction", body)
 
-    async def txn(
-        self, compare: Sequence[Compare], success: Sequence[Op] = (), failure: Sequence[Op] = ()
-    ) -> TxnResult:
-        """Run ``success`` if every compare holds, else ``failure``, atomically."""
-        body = {
-            "compare": [item.to_json() for item in compare],
-            "success": [op.to_json() for op in success],
-            "failure": [op.to_json() for op in failure],
-        }
-        return TxnResult.from_json(await self._call("/v3/kv/txn", body))
-
-    async def compare_and_swap(
-        self, key: bytes, *, expected: bytes | None, value: bytes, lease: int = 0
-    ) -> int:
-        """Set ``key`` to ``value`` only if it currently holds ``expected`` (``None``: absent).
-
-        Returns the new revision; raises :class:`~kubeplane.clients.errors.EtcdConflict` naming
-        the key and the value found when the comparison failed.
-        """
-        condition = Compare.version(key, "==", 0) if expected is None else Compare.value(key, "==", expected)
-        result = await self.txn([condition], [Op.put(key, value, lease=lease)], [Op.get(key)])
-        if not result.succeeded:
-            found = result.responses[0] if result.responses else None
-            current = found.kvs[0].value if isinstance(found, RangeResult) and found.kvs else None
-            raise errors.EtcdConflict(
-                f"compare-and-swap on {key!r} lost: expected {expected!r}, found {current!r}; "
-                "read the key again and retry with the current value"
-            )
-        return result.revision
-
     # -- leases ----------------------------------------------------------------------------
 
     async def lease_grant(self, ttl: int, *, lease_id: int = 0) -> Lease:
@@ -717,48 +559,6 @@ class EtcdClient:
                 if keeper.lost is None:
                     with contextlib.suppress(errors.EtcdNotFound):
                         await self.lock_release(key)
-
-    # -- elections -------------------------------------------------------------------------
-
-    async def campaign(
-        self, name: bytes, value: bytes, *, lease: int, timeout: float | None = None
-    ) -> LeaderKey:
-        """Block until this client leads election ``name``, proclaiming ``value``."""
-        body = {"name": _b64(name), "value": _b64(value), "lease": str(lease)}
-        data = await self._call("/v3/election/campaign", body, timeout=timeout)
-        return LeaderKey.from_json(data.get("leader", {}))
-
-    async def leader(self, name: bytes) -> KeyValue | None:
-        """The current leader's key and value for election ``name``, ``None`` if nobody leads."""
-        try:
-            data = await self._call("/v3/election/leader", {"name": _b64(name)})
-        except errors.EtcdNotFound as exc:
-            if _NO_LEADER in exc.message:
-                return None
-            raise
-        kv = data.get("kv")
-        return KeyValue.from_json(kv) if kv else None
-
-    async def proclaim(self, leader: LeaderKey, value: bytes) -> None:
-        """Change the value the leader announces without giving up leadership."""
-        await self._call("/v3/election/proclaim", {"leader": leader.to_json(), "value": _b64(value)})
-
-    async def resign(self, leader: LeaderKey) -> None:
-        """Give up leadership so the next campaigner wins."""
-        await self._call("/v3/election/resign", {"leader": leader.to_json()})
-
-    async def observe(self, name: bytes) -> AsyncIterator[KeyValue]:
-        """Yield the leader of election ``name`` each time it changes (first: the current one)."""
-        async with self._stream(
-            "/v3/election/observe", {"name": _b64(name)}, endpoint=None, timeout=None
-        ) as (
-            url,
-            response,
-        ):
-            async for line in response.aiter_lines():
-                if line.strip():
-                    data = _stream_item(line, endpoint=url)
-                    yield KeyValue.from_json(data.get("kv", {}))
 
     # -- watch -----------------------------------------------------------------------------
 

@@ -96,60 +96,10 @@ def test_put_with_lease_sends_lease_as_string() -> None:
     assert result.revision == 7
 
 
-def test_txn_encodes_compares_and_ops_and_decodes_branch_responses() -> None:
-    compare = [
-        etcd_client.Compare.value(b"k", "==", b"old"),
-        etcd_client.Compare.version(b"n", "==", 0),
-        etcd_client.Compare.mod_revision(b"m", "<", 5),
-    ]
-    response = {
-        "header": HEADER,
-        "responses": [
-            {
-                "response_range": {
-                    "header": {"revision": "7"},
-                    "kvs": [{"key": b64(b"k"), "value": b64(b"x")}],
-                    "count": "1",
-                }
-            }
-        ],
-    }
-    result, sent = call(
-        answer(response),
-        lambda etcd: etcd.txn(compare, [etcd_client.Op.put(b"k", b"new")], [etcd_client.Op.get(b"k")]),
-    )
-    assert sent[0][1] == {
-        "compare": [
-            {"key": b64(b"k"), "target": "VALUE", "result": "EQUAL", "value": b64(b"old")},
-            {"key": b64(b"n"), "target": "VERSION", "result": "EQUAL", "version": "0"},
-            {"key": b64(b"m"), "target": "MOD", "result": "LESS", "mod_revision": "5"},
-        ],
-        "success": [{"request_put": {"key": b64(b"k"), "value": b64(b"new")}}],
-        "failure": [{"request_range": {"key": b64(b"k")}}],
-    }
-    assert not result.succeeded  # omitted "succeeded" means false
-    assert isinstance(result.responses[0], etcd_client.RangeResult)
-    assert result.responses[0].kvs[0].value == b"x"
-
-
-def test_compare_and_swap_conflict_names_key_and_current_value() -> None:
-    response = {
-        "header": HEADER,
-        "responses": [{"response_range": {"kvs": [{"key": b64(b"k"), "value": b64(b"cur")}]}}],
-    }
-    with pytest.raises(errors.EtcdConflict, match=r"b'k'.*found b'cur'") as caught:
-        call(answer(response), lambda etcd: etcd.compare_and_swap(b"k", expected=b"old", value=b"new"))
-    assert not caught.value.retryable
-
-
-def test_lease_lock_election_member_field_names() -> None:
+def test_lease_lock_member_field_names() -> None:
     responses = {
         "/v3/lease/grant": {"header": HEADER, "ID": "4660", "TTL": "5"},
         "/v3/lock/lock": {"header": HEADER, "key": b64(b"L/1234")},
-        "/v3/election/campaign": {
-            "header": HEADER,
-            "leader": {"name": b64(b"e"), "key": b64(b"e/1"), "rev": "8", "lease": "4660"},
-        },
         "/v3/cluster/member/add": {
             "header": HEADER,
             "member": {"ID": "77", "peerURLs": ["https://p:2380"], "isLearner": True},
@@ -159,29 +109,21 @@ def test_lease_lock_election_member_field_names() -> None:
     async def action(etcd: etcd_client.EtcdClient) -> Any:
         lease = await etcd.lease_grant(5)
         key = await etcd.lock_acquire(b"L", lease=lease.id)
-        leader = await etcd.campaign(b"e", b"me", lease=lease.id)
         member = await etcd.member_add(["https://p:2380"], learner=True)
-        await etcd.resign(leader)
-        return lease, key, leader, member
+        return lease, key, member
 
-    (lease, key, leader, member), sent = call(
+    (lease, key, member), sent = call(
         lambda path, body: httpx.Response(200, json=responses.get(path, {"header": HEADER})), action
     )
     assert lease == etcd_client.Lease(id=4660, ttl=5)
     assert key == b"L/1234"
-    assert leader == etcd_client.LeaderKey(name=b"e", key=b"e/1", rev=8, lease=4660)
     assert member == etcd_client.Member(
         id=77, name="", peer_urls=["https://p:2380"], client_urls=[], is_learner=True
     )
     assert sent == [
         ("/v3/lease/grant", {"TTL": "5"}),
         ("/v3/lock/lock", {"name": b64(b"L"), "lease": "4660"}),
-        ("/v3/election/campaign", {"name": b64(b"e"), "value": b64(b"me"), "lease": "4660"}),
         ("/v3/cluster/member/add", {"peerURLs": ["https://p:2380"], "isLearner": True}),
-        (
-            "/v3/election/resign",
-            {"leader": {"name": b64(b"e"), "key": b64(b"e/1"), "rev": "8", "lease": "4660"}},
-        ),
     ]
 
 
@@ -212,12 +154,6 @@ def test_status_and_leader() -> None:
     status, _ = call(answer(status_json), lambda etcd: etcd.status())
     assert status.is_leader and status.db_size == 24576 and status.raft_index == 10
     assert status.endpoint == "http://etcd:2379"
-
-
-def test_no_election_leader_is_none() -> None:
-    failure = {"error": "election: no leader", "message": "election: no leader", "code": 2}
-    leader, _ = call(answer(failure, status=500), lambda etcd: etcd.leader(b"e"))
-    assert leader is None
 
 
 def test_snapshot_concatenates_stream_blobs() -> None:
