@@ -85,7 +85,7 @@ class AgentBackend:
             "tag": kubeplane.__version__,
             "node": self._node.name,
             "maintenance": self._node.maintenance,
-            "kubernetes": self._node.kubernetes_version(),
+            "kubernetes": await self._node.kubernetes_version(),
         }
 
     async def resource_sensitive(self, *, type: str) -> bool:
@@ -133,8 +133,8 @@ class AgentBackend:
         return await self._node.apply_configuration(data=data, mode=mode, dry_run=dry_run)
 
     async def machine_config(self) -> dict[str, Any]:
-        current = self._node.store.current()
-        staged = self._node.store.staged()
+        current = await asyncio.to_thread(self._node.store.current)
+        staged = await asyncio.to_thread(self._node.store.staged)
         return {
             "current": current.to_yaml() if current else None,
             "staged": staged.to_yaml() if staged else None,

@@ -175,7 +175,7 @@ class EtcdMember:
             return
         state = self.bootstrap_state()
         if state is None and self.document.model.machine.type == "init":
-            write_atomic(self.marker, "requested\n")
+            await asyncio.to_thread(write_atomic, self.marker, "requested\n")
             state = "requested"
         if state == "requested":
             if self.recovery_snapshot.exists():
@@ -190,7 +190,7 @@ class EtcdMember:
         etcdctl = shutil.which("etcdctl") or "etcdctl"
         data = self.paths.etcd_data
         # etcdctl wants to create the data dir itself.
-        shutil.rmtree(data)
+        await asyncio.to_thread(shutil.rmtree, data)
         argv = [
             etcdctl,
             "snapshot",
@@ -279,7 +279,7 @@ class EtcdMember:
             # A range request is linearizable by default: it needs the leader and a quorum.
             await client.get(b"kubeplane:v1:health")
         if self.bootstrap_state() == "requested":
-            write_atomic(self.marker, "done\n")
+            await asyncio.to_thread(write_atomic, self.marker, "done\n")
 
     async def _promote(self, member_id: int) -> None:
         """Ask the voting members to promote our learner; EtcdNotReady while it catches up."""

@@ -16,16 +16,17 @@ state.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import datetime
+import fcntl
 import functools
 import ipaddress
-import json
 import logging
 import socket
 import ssl
-import subprocess
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,21 +59,43 @@ _ACT_AFTER = 0.2
 _ADMIN_KUBECONFIG_LIFETIME = datetime.timedelta(days=365)
 
 
-def local_addresses() -> list[str]:
-    """IPv4 addresses of this network namespace's interfaces (loopback excluded)."""
-    try:
-        out = subprocess.run(
-            ["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, check=True, timeout=5
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
+_SIOCGIFCONF = 0x8912
+#: ``struct ifreq``: a 16-byte interface name, then a union as large as ``struct ifmap``.
+IFREQ_SIZE = 16 + max(16, struct.calcsize("@LLHBBB0L"))
+
+
+def ifconf_addresses(data: bytes) -> list[str]:
+    """The IPv4 addresses in an ``SIOCGIFCONF`` answer (``struct ifreq`` records), loopback excluded."""
     found = []
-    for link in json.loads(out or "[]"):
-        for addr in link.get("addr_info", []):
-            ip = addr.get("local")
-            if ip and not ipaddress.ip_address(ip).is_loopback:
-                found.append(ip)
+    for offset in range(0, len(data) - IFREQ_SIZE + 1, IFREQ_SIZE):
+        # The union starts with a sockaddr_in: family (2 bytes), port (2), address (4).
+        family = struct.unpack_from("@H", data, offset + 16)[0]
+        if family != socket.AF_INET:
+            continue
+        ip = socket.inet_ntoa(data[offset + 20 : offset + 24])
+        if not ipaddress.ip_address(ip).is_loopback:
+            found.append(ip)
     return found
+
+
+def local_addresses() -> list[str]:
+    """IPv4 addresses of this network namespace's interfaces (loopback excluded), interface by interface.
+
+    Asked of the kernel with the ``SIOCGIFCONF`` ioctl, as ``ip -4 addr`` lists them: no
+    subprocess on the event loop, and nothing that waits.
+    """
+    records = 64
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            while True:
+                buffer = array.array("B", bytes(records * IFREQ_SIZE))
+                request = struct.pack("@iP", len(buffer), buffer.buffer_info()[0])
+                used = struct.unpack("@iP", fcntl.ioctl(sock.fileno(), _SIOCGIFCONF, request))[0]
+                if used + IFREQ_SIZE <= len(buffer):  # room to spare: nothing was left out
+                    return ifconf_addresses(buffer.tobytes()[:used])
+                records *= 4
+    except OSError:
+        return []
 
 
 class Node:
@@ -107,9 +130,9 @@ class Node:
         Starting the agent is the node starting up: a config staged with ``--on-reboot`` takes
         effect now, exactly as it would after ``kubeplane reboot``.
         """
-        if self.store.promote_staged():
+        if await asyncio.to_thread(self.store.promote_staged):
             log.info("applied the machine config staged for this boot")
-        document = self.store.current()
+        document = await asyncio.to_thread(self.store.current)
         if document is None:
             log.info(
                 "no machine config under %s: maintenance mode, waiting for apply-config --insecure",
@@ -308,8 +331,8 @@ class Node:
             lambda _: catalog.MachineConfigSpec(data=document.to_dict()),
         )
 
-    def kubernetes_version(self) -> str | None:
-        document = self.store.current()
+    async def kubernetes_version(self) -> str | None:
+        document = await asyncio.to_thread(self.store.current)
         if document is None:
             return None
         return document.model.cluster.api_server_image.rpartition(":")[2]
@@ -327,7 +350,7 @@ class Node:
         async with self._lock:
             if self.maintenance:
                 return await self._apply_in_maintenance(new, dry_run=dry_run)
-            old = self.store.current()
+            old = await asyncio.to_thread(self.store.current)
             assert old is not None  # booted nodes always have a config
             if mode == "no-reboot":
                 mode = "immediate"
@@ -348,30 +371,46 @@ class Node:
                 result["message"] = "config unchanged, nothing to apply"
                 return result
             if mode == "on-reboot":
-                self.store.stage(new)
+                await asyncio.to_thread(self.store.stage, new)
                 result["message"] = "config staged; it takes effect at the next reboot"
             elif mode == "immediate":
-                self.store.save(new)
-                self.store.discard_staged()
-                if self.state is not None:
-                    self._publish_config(self.state, new)
+                await self._save(new, then=functools.partial(self._publish_current, new))
                 result["message"] = "config applied immediately"
             elif self.services is not None and config.kubelet_only(allowed.changed):
                 # The change concerns the kubelet alone (its image, args, mounts): restart that
                 # one service, never etcd or the static pods' containers.
-                self.store.save(new)
-                self.store.discard_staged()
-                if self.state is not None:
-                    self._publish_config(self.state, new)
+                await self._save(new, then=functools.partial(self._publish_current, new))
                 await self.services.reconfigure_kubelet(new)
                 result["message"] = "config applied; only the kubelet restarts to apply it"
             else:
-                self.store.save(new)
-                self.store.discard_staged()
-                self._after_reply(self._reboot)
+                await self._save(new, then=functools.partial(self._after_reply, self._reboot))
                 result["message"] = "config applied; the node is rebooting to apply it"
             log.info("apply-config (%s): %s", mode, result["message"])
             return result
+
+    async def _save(self, document: config.MachineConfig, *, then: Callable[[], None]) -> None:
+        """Persist ``document`` as the applied config, drop a staged one, then call ``then``.
+
+        The writes fsync, so they run in a thread; a caller cancelled meanwhile (the client went
+        away) still gets ``then`` run once the config is on disk, as when it all ran at once.
+        """
+
+        def save() -> None:
+            self.store.save(document)
+            self.store.discard_staged()
+
+        async def save_then() -> None:
+            await asyncio.to_thread(save)
+            then()
+
+        task = asyncio.get_running_loop().create_task(save_then())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        await asyncio.shield(task)
+
+    def _publish_current(self, document: config.MachineConfig) -> None:
+        if self.state is not None:
+            self._publish_config(self.state, document)
 
     async def _apply_in_maintenance(self, new: config.MachineConfig, *, dry_run: bool) -> dict[str, Any]:
         # There is no current config to diff against: the whole document is new.
@@ -379,7 +418,7 @@ class Node:
         if dry_run:
             result["message"] = "dry run: the node would leave maintenance mode with this config"
             return result
-        self.store.save(new)
+        await asyncio.to_thread(self.store.save, new)
         self._after_reply(self._leave_maintenance)
         result["message"] = "config applied; the node leaves maintenance mode and boots"
         return result
@@ -389,7 +428,7 @@ class Node:
             if self._server is not None:
                 await self._server.stop(grace=1.0)
                 self._server = None
-            document = self.store.current()
+            document = await asyncio.to_thread(self.store.current)
             assert document is not None
             await self._boot(document)
 
@@ -403,12 +442,12 @@ class Node:
         async with self._lock:
             log.info("reboot: stopping services and controllers")
             await self._halt()
-            if self.store.promote_staged():
+            if await asyncio.to_thread(self.store.promote_staged):
                 log.info("reboot: applied the staged machine config")
             if self._server is not None:
                 await self._server.stop(grace=1.0)
                 self._server = None
-            document = self.store.current()
+            document = await asyncio.to_thread(self.store.current)
             assert document is not None
             await self._boot(document)
 
@@ -467,17 +506,21 @@ class Node:
             if refusal is not None:
                 raise api.FailedPreconditionError(f"bootstrap refused on {self.name}: {refusal}")
             if self_hosted is not None:
-                self._start_self_hosted(services, self_hosted)
-            services.etcd.request_bootstrap(snapshot)
+                original = await asyncio.to_thread(self.store.current)
+                assert original is not None  # services run only on a booted node
+                self._start_self_hosted(services, self_hosted, original)
+            await asyncio.to_thread(services.etcd.request_bootstrap, snapshot)
             await services.supervisor.restart("etcd")
         how = "from the snapshot" if snapshot is not None else "as a new single-member cluster"
         log.info("bootstrap: etcd starts %s", how)
         mode = "; self-hosted control plane follows" if self_hosted is not None else ""
         return {"message": f"bootstrap started on {self.name}: etcd starts {how}{mode}"}
 
-    def _start_self_hosted(self, services: NodeServices, options: selfhosted.Options) -> None:
-        state, original = self.state, self.store.current()
-        assert state is not None and original is not None  # services run only on a booted node
+    def _start_self_hosted(
+        self, services: NodeServices, options: selfhosted.Options, original: config.MachineConfig
+    ) -> None:
+        state = self.state
+        assert state is not None  # services run only on a booted node
         self._publish_config(state, selfhosted.with_temporary_keys(original))
         runner = selfhosted.SelfHostedBootstrap(
             state=state,
@@ -501,7 +544,7 @@ class Node:
                 member_id = await etcd.leave_plan(force=kwargs["force"])
                 await etcd.remove_self(member_id)
                 await self._services().supervisor.stop("etcd")
-                etcd.wipe()
+                await asyncio.to_thread(etcd.wipe)
                 return {"message": f"{self.name} left etcd (member {member_id:x}); its etcd data is wiped"}
         except EtcdRefused as exc:
             raise api.FailedPreconditionError(str(exc)) from exc

@@ -312,7 +312,9 @@ class NodeServices:
         # The CNI plugin made a named network namespace per pod sandbox; without the kubelet's
         # StopPodSandbox nobody else removes them.
         for name in sorted(pod_netns):
-            subprocess.run(["ip", "netns", "delete", name], check=False, capture_output=True)
+            await asyncio.to_thread(
+                subprocess.run, ["ip", "netns", "delete", name], check=False, capture_output=True
+            )
 
     def _sweep(self) -> None:
         # Shims run in their own sessions, outside containerd's process group, and pods outlive
@@ -323,8 +325,7 @@ class NodeServices:
         left = self.mounts.unmount_made()
         if left:
             log.warning("could not unmount %s", ", ".join(map(str, left)))
-        for path in owned.cgroup_paths([self.shim_cgroup, self.cgroup_root]):
-            owned.remove_cgroup(path)
+        _remove_cgroups([self.shim_cgroup, self.cgroup_root])
 
     def _publish(self, snapshot: supervisor.ServiceSnapshot) -> None:
         spec = catalog.ServiceSpec(
@@ -419,11 +420,14 @@ class NodeServices:
 
     async def _containerd_prepare(self) -> None:
         self._require_socket_room(CONTAINERD)
+        await asyncio.to_thread(self._containerd_files)
+
+    def _containerd_files(self) -> None:
+        """containerd's directories, shim cgroup and config (blocking I/O: run in a thread)."""
         self.paths.containerd_conf_d.mkdir(parents=True, exist_ok=True)
         self.paths.cni_conf.mkdir(parents=True, exist_ok=True)
         owned.make_cgroup(self.shim_cgroup)
-        text = await asyncio.to_thread(self.containerd_config)
-        self.paths.containerd_config.write_text(text)
+        self.paths.containerd_config.write_text(self.containerd_config())
 
     async def _containerd_command(self) -> process.Command:
         binary = shutil.which("containerd")
@@ -499,22 +503,7 @@ class NodeServices:
             raise ValueError(
                 "cluster.ca.crt is missing from the machine config: kubelet cannot trust the API server"
             )
-        paths = kubelet.KubeletPaths.under(self.paths.root)
-        for directory in (paths.root_dir, paths.cert_dir, paths.pod_manifest_path, self.paths.cni_conf):
-            directory.mkdir(parents=True, exist_ok=True)
-        owned.make_cgroup(self.cgroup_root)
-        _write_secret(self.kubelet_ca, cluster.ca.crt_pem())
-        _write_secret(
-            paths.bootstrap_kubeconfig,
-            bootstrap_kubeconfig(
-                server=cluster.control_plane.endpoint,
-                ca=cluster.ca.crt_pem(),
-                token=cluster.token or "",
-                cluster_name=cluster.cluster_name or "kubernetes",
-            ).encode(),
-        )
-        pod_cidr = cni.node_pod_cidr(cluster.pod_subnets[0], self.node_ip)
-        (self.paths.cni_conf / cni.CONFLIST_NAME).write_text(cni.render_conflist(pod_cidr=pod_cidr))
+        await asyncio.to_thread(self._kubelet_files, cluster.ca.crt_pem())
         if not self.mirrors():
             # No registry to pull through (an offline machine without the air-gapped setup): load
             # the images this node runs from the local toolchain cache instead.
@@ -522,6 +511,27 @@ class NodeServices:
             if self.control_plane:
                 versions.append(image_tag(cluster.api_server_image))
             await self.image_loader(self.paths.containerd_socket, versions)
+
+    def _kubelet_files(self, ca: bytes) -> None:
+        """The kubelet's directories, cgroup root, CA, bootstrap kubeconfig and CNI config (blocking
+        I/O: run in a thread)."""
+        cluster = self.document.model.cluster
+        paths = kubelet.KubeletPaths.under(self.paths.root)
+        for directory in (paths.root_dir, paths.cert_dir, paths.pod_manifest_path, self.paths.cni_conf):
+            directory.mkdir(parents=True, exist_ok=True)
+        owned.make_cgroup(self.cgroup_root)
+        _write_secret(self.kubelet_ca, ca)
+        _write_secret(
+            paths.bootstrap_kubeconfig,
+            bootstrap_kubeconfig(
+                server=cluster.control_plane.endpoint,
+                ca=ca,
+                token=cluster.token or "",
+                cluster_name=cluster.cluster_name or "kubernetes",
+            ).encode(),
+        )
+        pod_cidr = cni.node_pod_cidr(cluster.pod_subnets[0], self.node_ip)
+        (self.paths.cni_conf / cni.CONFLIST_NAME).write_text(cni.render_conflist(pod_cidr=pod_cidr))
 
     def mirrors(self) -> dict[str, list[str]]:
         """Registry mirror endpoints by registry host (``*`` for every registry)."""
@@ -545,8 +555,7 @@ class NodeServices:
 
     async def _kubelet_cleanup(self) -> None:
         # Pods still running keep their cgroups; what is empty goes now, the rest at halt.
-        for path in owned.cgroup_paths([self.cgroup_root]):
-            owned.remove_cgroup(path)
+        await asyncio.to_thread(_remove_cgroups, [self.cgroup_root])
 
     def admin_kubeconfig(self, *, lifetime: datetime.timedelta = datetime.timedelta(hours=1)) -> str:
         """A short-lived ``system:masters`` kubeconfig signed by the cluster CA (control plane nodes)."""
@@ -584,6 +593,11 @@ class NodeServices:
             except Exception as exc:
                 log.debug("labelling node %s: %s", self.name, exc)
             await asyncio.sleep(5.0)
+
+
+def _remove_cgroups(names: Sequence[str]) -> None:
+    for path in owned.cgroup_paths(names):
+        owned.remove_cgroup(path)
 
 
 def _write_secret(path: Path, data: bytes) -> str:

@@ -21,6 +21,8 @@ up yet is normal during boot: it is logged at debug level and the last statuses 
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -71,12 +73,12 @@ class KubeletStaticPodController:
 
     async def reconcile(self, ctx: ReconcileContext) -> None:
         ctx.requeue_after(self.poll_interval)
-        self._sync_files(ctx)
+        await self._sync_files(ctx)
         await self._refresh_statuses(ctx)
 
     # -- files -------------------------------------------------------------------------------
 
-    def _sync_files(self, ctx: ReconcileContext) -> None:
+    async def _sync_files(self, ctx: ReconcileContext) -> None:
         # Read (and so hold) every StaticPod first, whatever happens next: the finalizer must stay
         # until this controller has removed the file of a pod being torn down.
         static_pods = ctx.list(catalog.CONTROLPLANE_NAMESPACE, catalog.STATIC_PODS)
@@ -105,16 +107,29 @@ class KubeletStaticPodController:
                 ):
                     pod: Any = resource.spec.to_dict()["pod"]
                     wanted[manifest_name(resource.id)] = render.dump_yaml(pod).encode()
+        removed, written = await asyncio.to_thread(self._write_files, wanted)
+        for path in removed:
+            ctx.logger.info("removing static pod %r", str(path))
+        for path in written:
+            ctx.logger.info("wrote static pod %r", str(path))
+
+    def _write_files(self, wanted: dict[str, bytes]) -> tuple[list[Path], list[Path]]:
+        """Make the directory hold exactly ``wanted`` of our files (blocking I/O: run in a thread);
+        the files removed and the ones written. Stale files go first: whoever sees a new file
+        (the kubelet, a test on the event loop) no longer sees the stale ones."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        removed = []
+        for path in sorted(self.directory.glob(f"{FILE_PREFIX}*.yaml")):
+            if path.name not in wanted:
+                path.unlink(missing_ok=True)
+                removed.append(path)
+        written = []
         for name, data in wanted.items():
             path = self.directory / name
             # 0600 as the original writes them: only the kubelet (root) needs to read a pod spec.
             if fileio.write_if_changed(path, data, mode=fileio.SECRET_MODE):
-                ctx.logger.info("wrote static pod %r", str(path))
-        for path in sorted(self.directory.glob(f"{FILE_PREFIX}*.yaml")):
-            if path.name not in wanted:
-                ctx.logger.info("removing static pod %r", str(path))
-                path.unlink(missing_ok=True)
+                written.append(path)
+        return removed, written
 
     # -- statuses ----------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ pod controller then removes the pods); files already on disk are left in place.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -56,13 +57,7 @@ class RenderSecretsStaticPodController:
             ctx.cleanup(catalog.CONTROLPLANE_NAMESPACE, catalog.SECRET_STATUSES, ())
             return
         contents = component_files(root_k8s=root_k8s, etcd_secrets=etcd_secrets, k8s_secrets=k8s_secrets)
-        disk.ensure_dir(self._paths.secrets)
-        changed = False
-        for component, component_contents in contents.items():
-            directory = Path(files.secrets_dir(component, node_root=PurePosixPath(self._paths.root)))
-            disk.ensure_dir(directory.parent)
-            written = {file.name: (content, file.mode) for file, content in component_contents.items()}
-            changed = disk.write_files(directory, written) or changed
+        changed = await asyncio.to_thread(self._write, contents)
         existing = common.running_spec(
             ctx, catalog.CONTROLPLANE_NAMESPACE, catalog.SECRET_STATUSES, catalog.STATIC_POD_SECRETS_ID
         )
@@ -76,6 +71,17 @@ class RenderSecretsStaticPodController:
         )
         if changed:
             ctx.logger.info("wrote static pod secrets to disk (secrets version %d)", self._version)
+
+    def _write(self, contents: Mapping[str, Mapping[files.SecretFile, bytes]]) -> bool:
+        """Write every component's files (blocking I/O: run in a thread); True when any changed."""
+        disk.ensure_dir(self._paths.secrets)
+        changed = False
+        for component, component_contents in contents.items():
+            directory = Path(files.secrets_dir(component, node_root=PurePosixPath(self._paths.root)))
+            disk.ensure_dir(directory.parent)
+            written = {file.name: (content, file.mode) for file, content in component_contents.items()}
+            changed = disk.write_files(directory, written) or changed
+        return changed
 
 
 def component_files(

@@ -9,6 +9,7 @@ certificates 0444, directory 0700), written atomically and only when their bytes
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,7 @@ class RenderEtcdSecretsController:
         if secrets is None:
             ctx.cleanup(catalog.CONTROLPLANE_NAMESPACE, catalog.SECRET_STATUSES, ())
             return
-        disk.ensure_dir(self._paths.secrets)
-        changed = disk.write_files(etcd_secrets_dir(self._paths), etcd_files(secrets))
+        changed = await asyncio.to_thread(self._write, etcd_files(secrets))
         existing = common.running_spec(
             ctx, catalog.CONTROLPLANE_NAMESPACE, catalog.SECRET_STATUSES, ETCD_STATUS_ID
         )
@@ -59,6 +59,11 @@ class RenderEtcdSecretsController:
         ctx.modify(catalog.CONTROLPLANE_NAMESPACE, catalog.SECRET_STATUSES, ETCD_STATUS_ID, lambda _: status)
         if changed:
             ctx.logger.info("wrote etcd secrets to disk (secrets version %d)", self._version)
+
+    def _write(self, contents: dict[str, tuple[bytes, int]]) -> bool:
+        """Write the etcd secrets directory (blocking I/O: run in a thread); True when anything changed."""
+        disk.ensure_dir(self._paths.secrets)
+        return disk.write_files(etcd_secrets_dir(self._paths), contents)
 
 
 def etcd_files(secrets: dict[str, Any]) -> dict[str, tuple[bytes, int]]:
