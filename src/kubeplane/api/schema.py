@@ -31,7 +31,7 @@ from google.protobuf import descriptor, message_factory
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from kubeplane.api import wire
+from kubeplane.api import errors, wire
 from kubeplane.api.proto.kubeplane.node.v1 import machine_pb2, trustd_pb2
 
 PACKAGE = "kubeplane.node.v1"
@@ -111,16 +111,28 @@ def request_decoder(call: wire.Call) -> Callable[[bytes], wire.Document | wire.B
 
 
 def encode_message(cls: type[Message], call: wire.Call, request: Mapping[str, Any]) -> bytes:
-    """Serialize ``request`` as ``cls``. A request the server would refuse (:func:`wire.validate`)
-    raises InvalidArgumentError naming the fields instead: a typed message cannot carry it."""
-    wire.validate(call, request)
+    """Serialize ``request`` as ``cls``.
+
+    A request the typed message cannot carry (a parameter it has no field for, a value of another
+    type) raises InvalidArgumentError naming every bad field, as the server would
+    (:func:`wire.validate`). Anything it can carry is sent, and judged by the server: a caller
+    refused the call is refused whatever the request holds, as on the wire.
+    """
     message = cls()
-    for field_name, value in request.items():
-        if value is None:
-            continue
-        field = cls.DESCRIPTOR.fields_by_name[field_name]
-        bytes_field = field.type == descriptor.FieldDescriptor.TYPE_BYTES
-        setattr(message, field_name, base64.b64decode(value) if bytes_field else value)
+    fields = cls.DESCRIPTOR.fields_by_name
+    try:
+        for name, value in request.items():
+            if value is None:
+                continue
+            if name not in fields:
+                raise TypeError(name)
+            bytes_field = fields[name].type == descriptor.FieldDescriptor.TYPE_BYTES
+            setattr(message, name, base64.b64decode(value) if bytes_field else value)
+    except (TypeError, ValueError) as exc:
+        wire.validate(call, request)
+        raise errors.InvalidArgumentError(
+            f"invalid {call.name} request: it cannot be sent as {cls.DESCRIPTOR.full_name}: {exc}"
+        ) from None
     return message.SerializeToString()
 
 

@@ -3,8 +3,8 @@
 Shared by :class:`~kubeplane.api.client.NodeClient` and by the server when it forwards proxied
 calls, so both speak exactly the wire conventions of :mod:`kubeplane.api.wire`, on the typed
 service :data:`~kubeplane.api.wire.SERVICE` (messages: :mod:`kubeplane.api.schema`). A request
-that service would refuse as malformed is refused here, before anything is sent, with the same
-INVALID_ARGUMENT :class:`~kubeplane.api.errors.CallError` naming the fields.
+its typed messages cannot carry is refused here, before anything is sent, with the INVALID_ARGUMENT
+:class:`~kubeplane.api.errors.CallError` naming the fields that the server would give.
 
 A failed call becomes :class:`~kubeplane.api.errors.CallError` when a node API answered it (its
 trailing metadata carries :data:`~kubeplane.api.wire.MD_ORIGIN`) or the server's grpc refused it
