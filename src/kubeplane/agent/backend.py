@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import kubeplane
 from kubeplane import api, resources, runtime
-from kubeplane.agent import etcd, selfhosted, services
+from kubeplane.agent import etcd, owned, selfhosted, services
 
 if TYPE_CHECKING:
     from kubeplane.agent.node import Node
@@ -270,19 +270,57 @@ def _path_error(path: str, exc: BaseException) -> api.InvalidArgumentError:
     return api.InvalidArgumentError(message, fields=[("path", message)])
 
 
+#: Kernel file systems a recursive listing does not descend into: what they hold are processes
+#: and kernel objects that come and go while they are read, not the node's files.
+KERNEL_FILESYSTEMS = frozenset(
+    {
+        "proc", "sysfs", "cgroup", "cgroup2", "devpts", "devtmpfs", "mqueue", "debugfs", "tracefs",
+        "securityfs", "bpf", "pstore", "configfs", "fusectl", "hugetlbfs", "binfmt_misc", "autofs", "nsfs",
+    }
+)  # fmt: skip
+#: The most entries one listing returns; a recursive listing of more asks for a narrower path.
+MAX_ENTRIES = 100_000
+
+
+def _entry(path: Path, root: Path) -> dict[str, Any] | None:
+    """One listing row, or None when ``path`` vanished (or cannot be read) since it was seen."""
+    try:
+        info = path.lstat()
+        link = os.readlink(path) if stat.S_ISLNK(info.st_mode) else None
+    except OSError:
+        return None
+    return {
+        "name": str(path.relative_to(root)) if path != root else ".",
+        "size": info.st_size,
+        "mode": stat.filemode(info.st_mode),
+        "is_dir": stat.S_ISDIR(info.st_mode),
+        "modified": int(info.st_mtime),
+        "link": link,
+    }
+
+
+def _walk(target: Path) -> list[Path]:
+    """Every path below ``target``: symlinks are not followed, kernel file systems not entered,
+    directories that cannot be read (or vanish) are listed but not entered."""
+    skip = {m.point for m in owned.mount_table() if m.fstype in KERNEL_FILESYSTEMS}
+    found: list[Path] = []
+    for directory, dirs, files in os.walk(target, onerror=lambda _: None):
+        here = Path(directory)
+        found += [here / name for name in [*dirs, *files]]
+        dirs[:] = [name for name in dirs if here / name not in skip]
+        if len(found) > MAX_ENTRIES:
+            break
+    return sorted(found)
+
+
 def _list(target: Path, root: Path, recurse: bool) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = []
-    paths = [target] if not target.is_dir() else sorted(target.rglob("*") if recurse else target.iterdir())
-    for entry in paths:
-        info = entry.lstat()
-        entries.append(
-            {
-                "name": str(entry.relative_to(root)) if entry != root else ".",
-                "size": info.st_size,
-                "mode": stat.filemode(info.st_mode),
-                "is_dir": stat.S_ISDIR(info.st_mode),
-                "modified": int(info.st_mtime),
-                "link": os.readlink(entry) if stat.S_ISLNK(info.st_mode) else None,
-            }
-        )
-    return entries
+    if not target.is_dir():
+        paths = [target]
+    elif recurse:
+        paths = _walk(target)
+    else:
+        paths = sorted(target.iterdir())
+    if recurse and len(paths) > MAX_ENTRIES:
+        message = f"more than {MAX_ENTRIES} entries below this path; list a narrower one"
+        raise api.InvalidArgumentError(message, fields=[("path", message)])
+    return [row for row in (_entry(path, root) for path in paths) if row is not None]

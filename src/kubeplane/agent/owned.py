@@ -114,10 +114,11 @@ def _unescape(field: str) -> str:
 
 @dataclass(frozen=True)
 class Mount:
-    """One line of ``/proc/self/mountinfo``: the mount's ID and where it is mounted."""
+    """One line of ``/proc/self/mountinfo``: the mount's ID, where it is mounted and its type."""
 
     id: int
     point: Path
+    fstype: str = ""
 
 
 def mount_table(mountinfo: Path = _MOUNTINFO) -> list[Mount]:
@@ -126,7 +127,10 @@ def mount_table(mountinfo: Path = _MOUNTINFO) -> list[Mount]:
     for line in mountinfo.read_text().splitlines():
         fields = line.split()
         if len(fields) > 4 and fields[0].isdigit():
-            found.append(Mount(id=int(fields[0]), point=Path(_unescape(fields[4]))))
+            # Optional fields end with "-"; the file system type follows it.
+            rest = fields[fields.index("-") + 1 :] if "-" in fields[5:] else []
+            point = Path(_unescape(fields[4]))
+            found.append(Mount(id=int(fields[0]), point=point, fstype=rest[0] if rest else ""))
     return found
 
 

@@ -237,3 +237,57 @@ def test_a_path_through_a_file_is_not_found_by_list_dir(agent: backend.AgentBack
     with pytest.raises(api.NotFoundError):
         asyncio.run(agent.list_dir(path="file/x", recurse=False))
     assert read(agent, "file") == b"data"
+
+
+# A recursive listing of a real machine's root: /proc and /sys hold processes and kernel objects
+# that vanish while they are read; the listing neither enters them nor fails on what vanished.
+
+
+def test_a_recursive_listing_skips_kernel_file_systems_and_what_vanishes(
+    agent: backend.AgentBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kubeplane.agent import owned
+
+    root: Path = agent._node.paths.root  # type: ignore[attr-defined]
+    (root / "proc" / "4242").mkdir(parents=True)
+    (root / "proc" / "4242" / "status").write_text("gone soon")
+    (root / "sub").mkdir()
+    (root / "sub" / "kept").write_text("kept")
+    mounts = [owned.Mount(id=1, point=root / "proc", fstype="proc")]
+    monkeypatch.setattr(owned, "mount_table", lambda: mounts)
+    real_lstat = Path.lstat
+
+    def lstat(self: Path) -> object:
+        if self.name == "kept":  # removed between the walk and the row
+            raise FileNotFoundError(2, "No such file or directory", str(self))
+        return real_lstat(self)
+
+    monkeypatch.setattr(Path, "lstat", lstat)
+    names = [entry["name"] for entry in asyncio.run(agent.list_dir(path=".", recurse=True))]
+    assert names == ["file", "loop", "proc", "sub"]  # proc listed, not entered; "kept" vanished
+
+
+def test_a_recursive_listing_of_too_many_entries_asks_for_a_narrower_path(
+    agent: backend.AgentBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root: Path = agent._node.paths.root  # type: ignore[attr-defined]
+    for index in range(5):
+        (root / f"f{index}").write_text("")
+    monkeypatch.setattr(backend, "MAX_ENTRIES", 3)
+    with pytest.raises(api.InvalidArgumentError, match="more than 3 entries below this path"):
+        asyncio.run(agent.list_dir(path=".", recurse=True))
+    assert len(asyncio.run(agent.list_dir(path=".", recurse=False))) == 7  # one directory is fine
+
+
+def test_mount_table_reads_each_mounts_file_system_type(tmp_path: Path) -> None:
+    from kubeplane.agent import owned
+
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "22 1 0:21 / /proc rw,nosuid shared:12 - proc proc rw\n"
+        "23 1 0:22 / /with\\040space rw master:1 - tmpfs tmpfs rw\n"
+    )
+    assert [(m.id, str(m.point), m.fstype) for m in owned.mount_table(mountinfo)] == [
+        (22, "/proc", "proc"),
+        (23, "/with space", "tmpfs"),
+    ]
