@@ -1,10 +1,13 @@
-"""Fixtures for integration tests: real processes, certificates, etcd, network namespaces, cgroups.
+"""Fixtures for integration tests: real processes, certificates, etcd, machine nodes, cgroups.
 
-Everything lives under the test's ``tmp_path`` (a node's root starts in a short directory for its
-unix sockets and is moved there afterwards); every process is started in its own process
-group and stopped by that group's ID, every namespace, link and cgroup the fixtures create is
-removed by the fixture that created it, even when the test fails. A missing prerequisite fails
-the test with a message pointing at ``scripts/setup``; nothing is skipped.
+Every node a test starts is a machine (:mod:`machines`): its own network, mount and UTS
+namespaces, its directory under the test's ``tmp_path`` bind-mounted at the standard paths, so
+what runs there (an agent at ``--root /``, containerd, kubelet) sees a machine of its own. Every
+process is started in its own process group and stopped by that group's ID; every namespace,
+link and cgroup the fixtures create is removed by the fixture that created it, and what still
+runs in a node's network namespace at the end is killed and reported, even when the test fails.
+A missing prerequisite fails the test with a message pointing at ``scripts/setup``; nothing is
+skipped.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -26,9 +28,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import machines
 import pytest
 
 from kubeplane import pki
+from kubeplane.agent import owned
 from kubeplane.clients import etcd as etcd_client
 from kubeplane.provision import toolchain
 from kubeplane.services import containerd as containerd_service
@@ -130,6 +134,12 @@ class Processes:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self.started: list[Started] = []
+        self.deferred: list[Callable[[], Sequence[str]]] = []
+
+    def defer(self, cleanup: Callable[[], Sequence[str]]) -> None:
+        """Run ``cleanup`` once every process is stopped (newest first); it returns the leaks it
+        found, which fail the test."""
+        self.deferred.append(cleanup)
 
     def start(
         self,
@@ -176,6 +186,10 @@ class Processes:
     def stop_all(self) -> None:
         while self.started:
             self.stop(self.started.pop())
+        leaks: list[str] = []
+        while self.deferred:
+            leaks += self.deferred.pop()()
+        assert not leaks, "left running after the test: " + ", ".join(leaks)
 
     def forget(self, started: Started) -> None:
         """Stop ``started`` now (a fixture that must stop it before its own teardown)."""
@@ -191,14 +205,6 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
         yield procs
     finally:
         procs.stop_all()
-
-
-def process_group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # -- certificates and etcd -----------------------------------------------------------------
@@ -324,49 +330,26 @@ def netns() -> Iterator[NetNS]:
         _ip("-n", ns.name, "route", "add", "default", "via", ns.host_ip)
         yield ns
     finally:
+        left = machines.kill_in_netns(ns.name)
         # Deleting the host end removes the pair; deleting the namespace removes what is left.
         _ip("link", "del", ns.host_link, check=False)
         _ip("netns", "del", ns.name, check=False)
-
-
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-def cgroup_hierarchies() -> list[Path]:
-    """Mount points of the cgroup v1 hierarchies (the unified one of a hybrid host excluded)."""
-    found = []
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        fields = line.split()
-        if fields[2] == "cgroup":
-            found.append(Path(fields[1]))
-    return found
-
-
-def remove_cgroup(path: Path) -> None:
-    """rmdir a cgroup and everything below it, deepest first (cgroupfs refuses rm -r)."""
-    if not path.is_dir():
-        return
-    for child in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-        with contextlib.suppress(OSError):
-            child.rmdir()
-    with contextlib.suppress(OSError):
-        path.rmdir()
+    assert not left, f"processes {left} were still running in namespace {ns.name}"
 
 
 @pytest.fixture
 def cgroup_root() -> Iterator[str]:
     """A cgroup ``/kpt-XXXX`` created in every v1 hierarchy (kubelet's ``--cgroup-root``)."""
     name = f"kpt-{uuid.uuid4().hex[:6]}"
-    hierarchies = cgroup_hierarchies()
+    hierarchies = owned.cgroup_hierarchies()
     if not hierarchies:
         pytest.fail("no cgroup v1 hierarchy is mounted; kubelet v1.20 needs cgroup v1", pytrace=False)
     try:
-        for hierarchy in hierarchies:
-            (hierarchy / name).mkdir()
+        owned.make_cgroup(name)
         yield f"/{name}"
     finally:
         for hierarchy in hierarchies:
-            remove_cgroup(hierarchy / name)
+            owned.remove_cgroup(hierarchy / name)
 
 
 def mounts_under(root: Path) -> list[Path]:
@@ -379,17 +362,6 @@ def mounts_under(root: Path) -> list[Path]:
         if point == prefix or point.startswith(prefix + "/"):
             points.append(Path(point))
     return sorted(set(points), key=lambda p: len(p.parts), reverse=True)
-
-
-def unmount_all(root: Path) -> None:
-    """Unmount everything below ``root``, deepest first; lazily if a mount is still busy."""
-    for _ in range(3):
-        points = mounts_under(root)
-        if not points:
-            return
-        for point in points:
-            if subprocess.run(["umount", str(point)], check=False, capture_output=True).returncode != 0:
-                subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
 
 
 # -- kube-apiserver -------------------------------------------------------------------------
@@ -495,36 +467,6 @@ def start_apiserver(
 # -- containerd + kubelet node ---------------------------------------------------------------
 
 
-def _parent_pids() -> dict[int, int]:
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                # The command name may contain spaces and parentheses; the ppid follows the last ")".
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    return parents
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children first, then theirs), from /proc."""
-    parents = _parent_pids()
-    found: list[int] = []
-    frontier = [pid]
-    while frontier:
-        children = [child for child, parent in parents.items() if parent in frontier]
-        found += children
-        frontier = children
-    return found
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie (orphans may wait a while for a reaper)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def processes_mentioning(text: str) -> list[int]:
     """PIDs whose command line contains ``text`` (a path unique to one test)."""
     found = []
@@ -538,23 +480,33 @@ def processes_mentioning(text: str) -> list[int]:
 
 @dataclasses.dataclass
 class Node:
-    """A node in its own network namespace: a containerd, and a kubelet once started."""
+    """A machine node (:mod:`machines`) in its own network namespace: a containerd, and a kubelet
+    once started, each seeing the node's directory ``root`` at the standard paths.
+
+    ``holder`` is the machine's first process: it holds the namespaces the others enter. The
+    containers and shims are in the node's cgroup (``cgroup_root``; shims in ``shims``), so
+    they are found by membership, never by a name they share with other machines' processes.
+    """
 
     root: Path
     netns: NetNS
     cgroup_root: str
-    containerd: containerd_service.ContainerdPaths
     processes: Processes
+    holder: Started
     containerd_process: Started
     kubelet_process: Started | None = None
 
+    @property
+    def shims(self) -> str:
+        return f"{self.cgroup_root}/shims"
+
+    def enter(self, *command: str | Path) -> list[str]:
+        """``command`` run inside this machine."""
+        return machines.enter_argv(self.holder.process.pid, command)
+
     def ctr(self, *args: str) -> str:
         result = subprocess.run(
-            ["ctr", "-n", "k8s.io", "-a", str(self.containerd.socket), *args],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=120,
+            self.enter("ctr", "-n", "k8s.io", *args), check=False, capture_output=True, text=True, timeout=120
         )
         if result.returncode != 0:
             pytest.fail(f"ctr {' '.join(args)} failed: {result.stderr.strip()}", pytrace=False)
@@ -567,114 +519,93 @@ class Node:
         return ref
 
     def start_kubelet(self, *, kubeconfig: str, hostname: str) -> Started:
-        paths = kubelet_service.KubeletPaths.under(self.root)
-        for directory in (paths.root_dir, paths.pod_manifest_path, paths.cert_dir):
+        host_side = kubelet_service.KubeletPaths.under(self.root)
+        for directory in (host_side.root_dir, host_side.pod_manifest_path, host_side.cert_dir):
             directory.mkdir(parents=True, exist_ok=True)
-        paths.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
-        paths.kubeconfig.write_text(kubeconfig)
+        host_side.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
+        host_side.kubeconfig.write_text(kubeconfig)
         args = kubelet_service.render_args(
-            node_root=self.root,
+            node_root=Path("/"),
             hostname=hostname,
             node_ip=self.netns.node_ip,
-            runtime_socket=self.containerd.socket,
+            runtime_socket=containerd_service.ContainerdPaths.under(Path("/")).socket,
             cgroup_root=self.cgroup_root,
             # The test machine's disk may be fuller than kubelet's default thresholds allow.
             eviction_hard={"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
         )
-        self.kubelet_process = self.processes.start(
-            [kube_binary("kubelet"), *args], name="kubelet", netns=self.netns.name
-        )
+        self.kubelet_process = self.processes.start(self.enter(kube_binary("kubelet"), *args), name="kubelet")
         return self.kubelet_process
 
     def logs(self) -> str:
         return self.processes.logs()
 
     def teardown(self) -> None:
-        """Stop kubelet, the containers, the shims and containerd; unmount; leave nothing behind."""
+        """Stop kubelet, the containers and shims (by cgroup), then every process of the machine
+        (by network namespace); its mounts go with its mount namespace."""
         if self.kubelet_process is not None:
             self.processes.forget(self.kubelet_process)
-        containerd_pid = self.containerd_process.process.pid
-        # Kill containers through containerd so shims clean up their mounts and sockets.
-        if self.containerd_process.process.poll() is None:
-            listing = subprocess.run(
-                ["ctr", "-n", "k8s.io", "-a", str(self.containerd.socket), "tasks", "ls", "-q"],
-                check=False,
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            for task in listing.stdout.split():
-                for action in (["kill", "-a", "-s", "SIGKILL", task], ["delete", "-f", task]):
-                    subprocess.run(
-                        ["ctr", "-n", "k8s.io", "-a", str(self.containerd.socket), "tasks", *action],
-                        check=False,
-                        capture_output=True,
-                        timeout=30,
-                    )
-        # Whatever is still below containerd (shims, containers) or names its socket is ours.
-        leftovers = set(descendants(containerd_pid)) | set(processes_mentioning(str(self.containerd.socket)))
+        owned.kill_cgroups([self.cgroup_root])
         self.processes.forget(self.containerd_process)
-        for pid in leftovers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_running(pid) for pid in leftovers):
-            time.sleep(0.1)
-        unmount_all(self.root)
+        machines.kill_in_netns(self.netns.name)
+        self.processes.forget(self.holder)
 
 
 @pytest.fixture
 def node_root(tmp_path: Path) -> Iterator[Path]:
-    """A node root short enough for the node's unix sockets, moved to ``tmp_path/node`` afterwards.
-
-    pytest's ``tmp_path`` runs to 70 characters; under a root over 66 the kubelet cannot bind its
-    pod-resources socket (``NodePaths.sockets``) and exits at start, most of the time. Fixtures
-    that start a node's processes request this one first, so it is torn down after them.
-    """
-    root = Path(tempfile.mkdtemp(prefix="kpnode-", dir="/tmp"))
-    try:
-        yield root
-    finally:
-        leaks = [f"mount {p}" for p in mounts_under(root)]
-        leaks += [f"process {pid}" for pid in processes_mentioning(str(root)) if pid != os.getpid()]
-        if not leaks:
-            # Same filesystem: a rename, so the logs stay with the test's other files.
-            shutil.move(root, tmp_path / "node")
-        assert not leaks, f"the node under {root} left these behind: " + ", ".join(leaks)
+    """A machine node's directory; afterwards, nothing may be mounted below it on the host."""
+    root = tmp_path / "node"
+    root.mkdir()
+    yield root
+    leaks = [f"mount {p}" for p in mounts_under(root)]
+    assert not leaks, f"the node under {root} left these behind: " + ", ".join(leaks)
 
 
 @pytest.fixture
 def node(node_root: Path, processes: Processes, netns: NetNS, cgroup_root: str) -> Iterator[Node]:
-    """containerd (config from ``render_config``) running in ``netns`` with state under ``node_root``."""
+    """A machine node in ``netns`` running containerd (config from ``render_config``)."""
     binary = require_binary("/usr/bin/containerd", "containerd")
     require_binary("/usr/bin/ctr", "ctr")
     require_binary("/usr/sbin/runc", "/usr/bin/runc", "runc")
     require_binary("containerd-shim-runc-v2")
     root = node_root
-    paths = containerd_service.ContainerdPaths.under(root)
-    paths.config.parent.mkdir(parents=True, exist_ok=True)
-    paths.config.write_text(containerd_service.render_config(node_root=root))
-    started = processes.start([binary, "--config", paths.config], name="containerd", netns=netns.name)
+    holder = processes.start(
+        machines.argv(node_dir=root, hostname=f"node-{netns.name}", command=["sleep", "infinity"]),
+        name="machine",
+        netns=netns.name,
+    )
+    _wait_until(
+        lambda: Path(f"/proc/{holder.process.pid}/comm").read_text().strip() == "sleep",
+        timeout=30,
+        what="the machine's namespaces",
+        logs=holder.tail,
+    )
+    shims = f"{cgroup_root}/shims"
+    owned.make_cgroup(shims)
+    config = containerd_service.ContainerdPaths.under(root).config
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(containerd_service.render_config(node_root=Path("/"), shim_cgroup=shims))
+    in_machine = containerd_service.ContainerdPaths.under(Path("/"))
     result = Node(
         root=root,
         netns=netns,
         cgroup_root=cgroup_root,
-        containerd=paths,
         processes=processes,
-        containerd_process=started,
+        holder=holder,
+        containerd_process=processes.start(
+            machines.enter_argv(holder.process.pid, [binary, "--config", in_machine.config]),
+            name="containerd",
+        ),
     )
+    started = result.containerd_process
     try:
 
         def serving() -> bool:
             if started.process.poll() is not None:
                 pytest.fail(f"containerd exited\n{started.tail()}", pytrace=False)
-            return (
-                paths.socket.exists()
-                and subprocess.run(
-                    ["ctr", "-a", str(paths.socket), "version"], check=False, capture_output=True, timeout=10
-                ).returncode
-                == 0
+            version = subprocess.run(
+                result.enter("ctr", "version"), check=False, capture_output=True, timeout=10
             )
+            return version.returncode == 0
 
         _wait_until(serving, timeout=30, what="containerd to serve its socket", logs=started.tail)
         yield result
@@ -686,16 +617,25 @@ def node(node_root: Path, processes: Processes, netns: NetNS, cgroup_root: str) 
 
 
 def _test_artifacts() -> set[str]:
-    """Namespaces, links and cgroups with the test prefix that exist right now."""
+    """Namespaces, links and cgroups with the test prefix, and what is left of the session's
+    machine-node networks, that exist right now."""
     found = (
         {f"netns {p.name}" for p in Path("/run/netns").glob("kpt-*")}
         if Path("/run/netns").is_dir()
         else set()
     )
     found |= {f"link {p.name}" for p in Path("/sys/class/net").glob("kpt*")}
-    for hierarchy in cgroup_hierarchies():
+    found |= machines.leftovers()
+    for hierarchy in owned.cgroup_hierarchies():
         found |= {f"cgroup {p}" for p in hierarchy.glob("kpt-*")}
     return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def machine_host_dirs() -> Iterator[None]:
+    """Remove the host mount points the session's machine nodes needed, at its end."""
+    yield
+    machines.remove_created_host_dirs()
 
 
 @pytest.fixture(autouse=True)

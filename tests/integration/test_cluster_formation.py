@@ -1,9 +1,10 @@
 """A control plane node's kubeplaned in a network namespace: services, bootstrap, restarts, refusals.
 
-The node agent runs inside the namespace (``nsenter --net``) with its root in a short directory
-(``node_root``, moved to ``tmp_path`` afterwards); it supervises a real containerd, kubelet and
-etcd. The etcd certificates are written by the test exactly where the etcd secrets controller
-writes them (``system/secrets/etcd``), so this test does not depend on that controller.
+The node is a machine (``machines``): the agent runs in the network namespace with its own mount
+and UTS namespaces over the node's directory (``node_root``), at the default ``--root /``; it
+supervises a real containerd, kubelet and etcd. The etcd certificates are written by the test
+exactly where the etcd secrets controller writes them (``system/secrets/etcd``), so this test
+does not depend on that controller.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import machines
 import pytest
 import yaml
 
@@ -100,7 +102,9 @@ def agent(
     kubeplaned = Path(sys.executable).parent / "kubeplaned"
     address = f"{netns.node_ip}:{API_PORT}"
     started = processes.start(
-        [kubeplaned, "--root", root, "--listen", address, "--log-level", "debug"],
+        machines.argv(
+            node_dir=root, hostname=name, command=[kubeplaned, "--listen", address, "--log-level", "debug"]
+        ),
         name="kubeplaned",
         netns=netns.name,
     )

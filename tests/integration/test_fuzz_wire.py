@@ -782,16 +782,17 @@ def test_paths_the_file_system_refuses_get_a_clear_error(node: Node) -> None:
 
 def test_a_file_name_that_is_not_utf8_is_listed_not_an_error(node: Node) -> None:
     """File names are bytes; the one that is not UTF-8 still travels (JSON escapes it)."""
-    directory = node.agent.paths.root / "fuzz-names"
-    directory.mkdir()
+    # The agent runs at / of its machine node; the node's /var/lib/kubeplane is this directory.
+    directory = node.agent.paths.root / "var/lib/kubeplane/fuzz-names"
+    directory.mkdir(parents=True)
     (directory / "ok").write_text("")
     (directory / os.fsdecode(b"bad-\xff")).write_text("")
     with wire_to(node) as channel:
-        answer = channel.call("ListDir", dumps({"path": "fuzz-names"}))
+        answer = channel.call("ListDir", dumps({"path": "/var/lib/kubeplane/fuzz-names"}))
         check(answer, Expect(), what="ListDir fuzz-names")
         assert answer.code == "OK", answer
         names = [entry["name"] for entry in json.loads(answer.messages[0])["replies"][0]["result"]]
-        assert names == ["fuzz-names/bad-\udcff", "fuzz-names/ok"]
+        assert names == ["var/lib/kubeplane/fuzz-names/bad-\udcff", "var/lib/kubeplane/fuzz-names/ok"]
         still_serving(node, channel)
 
 

@@ -1,8 +1,9 @@
-"""containerd + kubelet in a network namespace run a static pod; its mirror pod shows in the API."""
+"""containerd + kubelet on a machine node run a static pod; its mirror pod shows in the API."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -71,9 +72,10 @@ def test_static_pod_mirror_pod(
     assert scheduler_image in node.ctr("images", "ls", "-q").split()
 
     hostname = f"node-{node.netns.name}"
-    scheduler_conf = node.root / "etc/kubernetes/scheduler.conf"
-    scheduler_conf.parent.mkdir(parents=True, exist_ok=True)
-    scheduler_conf.write_text(server.admin_kubeconfig)
+    # The node is a machine: what it sees at /etc/kubernetes is its directory's etc/kubernetes.
+    scheduler_conf = Path("/etc/kubernetes/scheduler.conf")
+    (node.root / "etc/kubernetes").mkdir(parents=True, exist_ok=True)
+    (node.root / "etc/kubernetes/scheduler.conf").write_text(server.admin_kubeconfig)
     manifests = kubelet_service.KubeletPaths.under(node.root).pod_manifest_path
     manifests.mkdir(parents=True, exist_ok=True)
     (manifests / "kube-scheduler.yaml").write_text(

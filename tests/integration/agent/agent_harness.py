@@ -1,15 +1,15 @@
-"""Harness for the node agent acceptance tests: real ``kubeplaned`` processes on loopback
-addresses, driven only through the ``kubeplane`` CLI.
+"""Harness for the node agent acceptance tests: real ``kubeplaned`` processes on machine nodes,
+driven only through the ``kubeplane`` CLI.
 
-Every agent listens on its own ``127.A.B.X:50000`` (Linux routes all of 127/8 to ``lo``, and the
-node API proxies to port 50000 of each node address); ``A.B`` is drawn at random once per test
-session so concurrent sessions do not collide. Each agent has its own ``--root`` under the
-test's ``tmp_path`` and runs in its own process group, stopped by the parent conftest's
-``processes`` fixture (SIGTERM, then SIGKILL) even when the test fails.
+Every agent is a machine node (:mod:`machines`): its own network namespace on the test's bridge,
+listening on ``<its address>:50000``, and its own mount and UTS namespaces, so it runs with the
+default ``--root /`` over its node directory under the test's ``tmp_path``. It runs in its own
+process group, stopped by the parent conftest's ``processes`` fixture (SIGTERM, then SIGKILL)
+even when the test fails; the test network goes after it.
 
 API-only nodes: these tests exercise the agent's API, config store and lifecycle, not the
-services. A booted node starts containerd, kubelet and etcd, which would collide between agents
-sharing the host's network namespace, so the agents run with ``kubeplaned --no-services``.
+services (containerd, kubelet, etcd; ``test_cluster_formation`` runs those), so the agents run
+with ``kubeplaned --no-services``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
-import itertools
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -29,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import machines
 import pytest
 import yaml
 
@@ -42,9 +41,6 @@ API_PORT = 50000
 CLI_TIMEOUT = 60.0
 BOOT_TIMEOUT = 30.0
 
-_NET = (random.randint(100, 250), random.randint(0, 255))
-_HOSTS = itertools.count(2)
-
 
 def venv_binary(name: str) -> Path:
     """A console script installed next to the running interpreter, or fail naming the fix."""
@@ -52,14 +48,6 @@ def venv_binary(name: str) -> Path:
     if not path.is_file():
         pytest.fail(f"{path} is missing; install the package (pip install -e .)", pytrace=False)
     return path
-
-
-def next_address() -> str:
-    """A loopback address no other agent of this session uses."""
-    host = next(_HOSTS)
-    if host > 254:
-        pytest.fail("ran out of loopback addresses for agents in this session", pytrace=False)
-    return f"127.{_NET[0]}.{_NET[1]}.{host}"
 
 
 def port_open(address: str, port: int = API_PORT) -> bool:
@@ -82,9 +70,11 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str, logs: C
 
 @dataclasses.dataclass
 class Agent:
-    """One ``kubeplaned`` process and its node root."""
+    """One ``kubeplaned`` on a machine node; ``root`` is the node's directory on the host."""
 
+    name: str
     address: str
+    netns: str
     root: Path
     processes: Processes
     env: dict[str, str]
@@ -105,18 +95,15 @@ class Agent:
 
     def start(self) -> None:
         """Start (or restart) the agent and wait until its API port accepts connections."""
+        agent = [
+            venv_binary("kubeplaned"),
+            *("--listen", f"{self.address}:{API_PORT}"),
+            *("--log-level", "debug", "--no-services"),
+        ]
         self.started = self.processes.start(
-            [
-                venv_binary("kubeplaned"),
-                "--root",
-                self.root,
-                "--listen",
-                f"{self.address}:{API_PORT}",
-                "--log-level",
-                "debug",
-                "--no-services",
-            ],
-            name=f"kubeplaned-{self.address}",
+            machines.argv(node_dir=self.root, hostname=self.name, command=agent),
+            name=f"kubeplaned-{self.name}",
+            netns=self.netns,
             env=self.env,
         )
         started = self.started
@@ -171,6 +158,8 @@ class Cluster:
         self.processes = processes
         self.agents: list[Agent] = []
         self.agent_env = dict(os.environ)
+        self.lan = machines.Lan(tmp_path / "lan")
+        processes.defer(self.lan.destroy)
         self.gen = self._generate()
         self.admin = self.gen.admin_config
 
@@ -234,10 +223,12 @@ class Cluster:
 
     def start_agent(self) -> Agent:
         """A fresh agent in maintenance mode (no config yet)."""
-        address = next_address()
+        host = self.lan.add()
         agent = Agent(
-            address=address,
-            root=self.tmp_path / f"node-{address}",
+            name=host.name,
+            address=host.address,
+            netns=host.netns,
+            root=self.tmp_path / f"node-{host.name}",
             processes=self.processes,
             env=self.agent_env,
         )

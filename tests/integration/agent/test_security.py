@@ -34,6 +34,7 @@ from kubeplane import api, pki
 from kubeplane.api import transport, wire
 from kubeplane.api.server import closing
 from kubeplane.config import client as client_config
+from kubeplane.provision import machine
 from kubeplane.resources import Registry, catalog, default_registry
 
 pytestmark = pytest.mark.integration
@@ -250,7 +251,10 @@ def read_calls(
     requests: dict[str, list[dict[str, Any]]] = {
         "Version": [{}],
         "ServiceList": [{}],
-        "ListDir": [{"path": ".", "recurse": True}],
+        # The node's own directories whole, and the machine's root (names only, not recursive:
+        # recursively it is the whole host's file system).
+        "ListDir": [{"path": "/", "recurse": False}]
+        + [{"path": f"/{directory}", "recurse": True} for directory in machine.MACHINE_DIRS],
         "Logs": [{"service": log_id} for log_id in sorted(log_ids)],
         "ResourceList": [{"type": t, "namespace": ns} for t in types for ns in namespaces()],
         "ResourceWatch": [{"type": t, "namespace": ns} for t in types for ns in namespaces()],
@@ -371,9 +375,14 @@ def test_a_reader_is_refused_admin_calls_and_log_paths_and_the_node_keeps_servin
                 assert (
                     "NAMESPACE/POD:CONTAINER" in refused.message or "not a Kubernetes name" in refused.message
                 )
-            for path in ("../../etc/passwd", "system/../../../etc/passwd"):
-                refused = await refusal(admin, "ReadFile", {"path": path})
-                assert refused.code == "INVALID_ARGUMENT" and "outside the node root" in refused.message
+            # The agent's root is the machine's /, so ".." ends there, and what it reads is the
+            # machine's own: its machine ID, not the host's. (Escapes from a narrower --root are
+            # refused: tests/unit/agent/test_backend_reads.py.)
+            own_id = (agent.root / "etc/machine-id").read_bytes()
+            assert own_id != Path("/etc/machine-id").read_bytes()
+            for path in ("../../etc/machine-id", "system/../../../etc/machine-id", "/etc/machine-id"):
+                replies = await call(admin, "ReadFile", {"path": path})
+                assert b"".join(r.unwrap() for r in replies) == own_id, path
             (version,) = await admin.version()
             assert version.unwrap()["node"] == agent.address
 
