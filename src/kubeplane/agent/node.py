@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import array
 import asyncio
-import contextlib
 import datetime
 import fcntl
 import functools
@@ -227,7 +226,7 @@ class Node:
 
     def _addresses(self) -> list[str]:
         """The node's addresses, the one it listens on first (what peers know it by)."""
-        first = [self._listen_host] if self._listen_host and _is_ip(self._listen_host) else []
+        first = [self._listen_host] if self._listen_host and pki.is_ip(self._listen_host) else []
         return list(dict.fromkeys(first + local_addresses()))
 
     def _local_names(self) -> list[str]:
@@ -247,8 +246,7 @@ class Node:
             raise RuntimeError("machine.ca is missing: the node API cannot have a certificate")
         names = self._local_names()
         sans = list(machine.cert_sans or [])
-        ips = [n for n in names if _is_ip(n)] + [s for s in sans if _is_ip(s)]
-        dns = [n for n in names if not _is_ip(n)] + [s for s in sans if not _is_ip(s)]
+        dns, ips = pki.split_sans([*names, *sans])
         if not ca.key:
             return await self._credentials_from_trustd(document), None
         authority = pki.CertKey(cert=ca.crt_pem(), key=ca.key_pem())
@@ -609,12 +607,12 @@ def node_csr(key: bytes, source: str | None, *, name: str, own: Sequence[str]) -
     trustd signs only the address it sees the request come from (and loopback), so the CSR asks
     for ``source`` alone; all of ``own`` only when the source address is unknown.
     """
-    ips = [source] if source else [a for a in own if _is_ip(a)]
+    ips = [source] if source else [a for a in own if pki.is_ip(a)]
     return pki.new_csr(
         key=key,
         common_name=name,
         organizations=(pki.NODE_ORG,),
-        dns_names=["localhost"] if _is_ip(name) else [name, "localhost"],
+        dns_names=["localhost"] if pki.is_ip(name) else [name, "localhost"],
         ip_addresses=list(dict.fromkeys([*ips, "127.0.0.1"])),
     )
 
@@ -640,10 +638,3 @@ async def control_plane_addresses(*, endpoint: str, token: str, ca: bytes, timeo
         return trustd.endpoint_addresses(response.json())
     except ValueError as exc:
         raise trustd.TrustdError(f"GET {url}: the answer is not JSON: {exc}") from exc
-
-
-def _is_ip(value: str) -> bool:
-    with contextlib.suppress(ValueError):
-        ipaddress.ip_address(value)
-        return True
-    return False

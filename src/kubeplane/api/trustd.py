@@ -207,7 +207,7 @@ def node_certificate(
         _check_dns_name(name, reserved=reserved, what="DNS name")
     names = request.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     common_name = str(names[0].value) if names else ""
-    if _is_ip(common_name):
+    if pki.is_ip(common_name):
         _check_ip(common_name, address=address, what="common name")
     else:
         _check_dns_name(common_name, reserved=reserved, what="common name (the node's hostname)")
@@ -250,7 +250,7 @@ def _check_dns_name(name: str, *, reserved: set[str], what: str) -> None:
             grpc.StatusCode.PERMISSION_DENIED,
             f"the CSR asks for the wildcard {what} {name!r}: trustd signs none",
         )
-    if len(name) > 253 or not _DNS_1123.match(name) or _is_ip(name):
+    if len(name) > 253 or not _DNS_1123.match(name) or pki.is_ip(name):
         raise Refused(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"the CSR's {what} {name!r} is not a valid DNS-1123 host name (IP addresses go in IP SANs)",
@@ -273,14 +273,6 @@ def _normal(name: str) -> str:
     with contextlib.suppress(ValueError):
         return str(ipaddress.ip_address(name.strip("[]")))
     return name
-
-
-def _is_ip(value: str) -> bool:
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        return False
-    return True
 
 
 def _is_loopback(value: str) -> bool:

@@ -34,6 +34,7 @@ from kubeplane.pki.certs import (
     aggregator_ca,
     ca_cert_hash,
     cert_info,
+    is_ip,
     is_issued_by,
     issue,
     load_certificate,
@@ -41,6 +42,7 @@ from kubeplane.pki.certs import (
     new_ca,
     new_csr,
     sign_csr,
+    split_sans,
 )
 from kubeplane.pki.errors import (
     CAError,
@@ -93,6 +95,7 @@ __all__ = [
     "ca_cert_hash",
     "cert_info",
     "generate_key",
+    "is_ip",
     "is_issued_by",
     "issue",
     "kubeconfig",
@@ -105,4 +108,5 @@ __all__ = [
     "random_secret",
     "service_account_key",
     "sign_csr",
+    "split_sans",
 ]

@@ -443,3 +443,22 @@ def _sign_leaf(
     if san is not None:
         builder = builder.add_extension(san, critical=False)
     return builder.sign(ca_key, _hash_for(ca_key)).public_bytes(serialization.Encoding.PEM)
+
+
+def is_ip(value: str) -> bool:
+    """Whether ``value`` is an IPv4 or IPv6 address (a SAN of the IP kind, not a DNS name)."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def split_sans(names: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(DNS names, IP addresses) of a mixed SAN list, de-duplicated in order; empty names dropped."""
+    dns: list[str] = []
+    ips: list[str] = []
+    for name in dict.fromkeys(item.strip() for item in names):
+        if name:
+            (ips if is_ip(name) else dns).append(name)
+    return dns, ips

@@ -217,3 +217,15 @@ def test_needs_renewal() -> None:
     short = pki.issue(ca=ca, common_name="admin", lifetime=timedelta(hours=24), now=issued).cert
     assert not pki.needs_renewal(short, now=issued + timedelta(hours=12))
     assert pki.needs_renewal(short, now=issued + timedelta(hours=20))
+
+
+def test_split_sans_keeps_order_drops_blanks_and_duplicates() -> None:
+    names = ["node-1", " 10.5.0.2 ", "", "fd00::2", "node-1", "10.5.0.2", "localhost"]
+    assert pki.split_sans(names) == (["node-1", "localhost"], ["10.5.0.2", "fd00::2"])
+    assert [pki.is_ip(n) for n in ("10.5.0.2", "fd00::2", "10.5.0.256", "node-1", "")] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]

@@ -9,7 +9,6 @@ input change.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -105,22 +104,3 @@ def next_version(existing: Mapping[str, Any] | None, *, changed: bool, last: int
     """
     previous = int(existing.get("version") or 0) if existing is not None else last
     return previous + 1 if changed or previous == 0 else previous
-
-
-def split_sans(names: Iterable[str]) -> tuple[list[str], list[str]]:
-    """(DNS names, IP addresses) of a mixed SAN list, de-duplicated in order; empty names dropped."""
-    dns: list[str] = []
-    ips: list[str] = []
-    for name in dict.fromkeys(item.strip() for item in names):
-        if not name:
-            continue
-        (ips if _is_ip(name) else dns).append(name)
-    return dns, ips
-
-
-def _is_ip(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True

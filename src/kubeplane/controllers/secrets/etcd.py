@@ -68,7 +68,7 @@ class EtcdSecretsController:
 
 def issue(*, ca: pki.CertKey, names: list[str], now: datetime) -> dict[str, Any]:
     """Server, peer and client certificates for a node known by ``names`` (IPs and DNS names mixed)."""
-    dns_names, ip_addresses = common.split_sans(names)
+    dns_names, ip_addresses = pki.split_sans(names)
     hostname = next(iter(dns_names), "etcd")
 
     def peer_cert(common_name: str) -> dict[str, str]:

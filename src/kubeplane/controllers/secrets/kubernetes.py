@@ -128,7 +128,7 @@ def issue(*, root_spec: dict[str, Any], node_names: list[str], now: datetime) ->
     dns_domain = str(root_spec["dnsDomain"])
     local_server = f"https://127.0.0.1:{root_spec['localAPIServerPort']}"
     cluster_name = str(root_spec.get("name") or "kubernetes")
-    dns_names, ip_addresses = common.split_sans(
+    dns_names, ip_addresses = pki.split_sans(
         [
             urllib.parse.urlsplit(endpoint).hostname or "",
             *root_spec.get("certSANs", ()),
