@@ -324,7 +324,17 @@ class EtcdMember:
         write_atomic(self.marker, "requested\n")
 
     async def members(self) -> list[dict[str, Any]]:
-        async with self.client() as client:
+        """The cluster's members, as this node's etcd sees them; a learner (which serves no
+        member list) asks the voting members it joined through, or the ones the control plane
+        lists."""
+        try:
+            return await self._members(self.client())
+        except client_errors.EtcdLearnerRefused:
+            return await self._members(self.client(self._voters or await self.discover()))
+
+    @staticmethod
+    async def _members(etcd: etcd_client.EtcdClient) -> list[dict[str, Any]]:
+        async with etcd as client:
             members = await client.member_list()
             leader = 0
             with contextlib.suppress(client_errors.EtcdError):

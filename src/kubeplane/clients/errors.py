@@ -48,6 +48,11 @@ class EtcdUnavailable(EtcdError):
     retryable = True
 
 
+class EtcdLearnerRefused(EtcdUnavailable):
+    """A learner refused a call only voting members serve (member list, linearizable reads): ask
+    a voting member instead."""
+
+
 class EtcdNotFound(EtcdError):
     """The lease or member the request names does not exist."""
 

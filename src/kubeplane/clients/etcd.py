@@ -86,6 +86,7 @@ _ERRORS_BY_MESSAGE: dict[str, type[errors.EtcdError]] = {
     "etcdserver: can only promote a learner member which is in sync with leader": errors.EtcdLearnerNotReady,
     "etcdserver: can only promote a learner member": errors.EtcdMemberNotLearner,
     "etcdserver: mvcc: required revision has been compacted": errors.EtcdCompacted,
+    "etcdserver: rpc not supported for learner": errors.EtcdLearnerRefused,
 }
 
 # Failed-precondition answers that clear up by themselves once the cluster settles (a member

@@ -76,6 +76,8 @@ class FakeEtcd:
         if host == LOCAL and path == "/v3/maintenance/status":
             assert local is not None, "no etcd runs on this node yet"
             return ok({"header": {"member_id": str(local.id)}, "isLearner": local.learner, "leader": "1"})
+        if path == "/v3/maintenance/status" and host != LOCAL:  # a voting member, the leader
+            return ok({"header": {"member_id": "1"}, "isLearner": False, "leader": "1"})
         if host == LOCAL and local is not None and local.learner:
             return failure(14, "etcdserver: rpc not supported for learner")
         if path == "/v3/kv/range":
@@ -269,6 +271,19 @@ def test_a_learner_found_after_an_agent_restart_is_promoted_through_discovered_m
     assert fake.calls == []
     asyncio.run(member._health())
     assert fake.member(9) == FakeMember(9, "cp2", PEER, learner=False)
+
+
+def test_a_learner_lists_the_members_through_the_voting_members(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = cluster(FakeMember(9, "cp2", PEER, learner=True))
+    fake.local = 9
+    member = etcd_member(tmp_path, fake, monkeypatch)
+    listed = asyncio.run(member.members())
+    rows = [(m["name"], m["learner"], m["leader"]) for m in listed]
+    assert rows == [("cp1", False, True), ("cp2", True, False)]
+    asked = [host for host, path, _ in fake.calls if path == "/v3/cluster/member/list"]
+    assert asked == ["127.0.0.1", "10.5.0.2"]  # refused by the learner, answered by the voter
 
 
 def test_promoting_a_member_that_already_votes_is_done() -> None:
