@@ -16,7 +16,8 @@ Spec fields (camelCase, as ``get kcpc -o yaml`` shows them):
   bootstrap token, which is a secret and comes from ``secrets/RootSecrets/k8s``;
 - ``extra-manifests``: ``urls`` [{id, url, priority}], ``headers``, ``inline`` [{id, name,
   contents, priority}] — custom CNI URLs get priority ``05`` so the network comes first, extra
-  manifests and inline manifests ``99``; ids are ``<priority>-<url or name>`` as in the original.
+  manifests and inline manifests ``99``; ids are ``<priority>-<url or name>`` as in the original,
+  the URL without credentials (:func:`redact_url`): readers see the ids.
 
 Only control plane nodes get kcpcs; on any other node (or without a machine config) they are
 removed. The advertise address is the node's first address (``network/NodeAddresses``); until it
@@ -25,6 +26,7 @@ is known nothing is published, since kube-apiserver cannot be rendered without i
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Any
 
 from kubeplane.config import MachineConfig
@@ -42,6 +44,18 @@ LOCAL_ETCD_SERVERS = ("https://127.0.0.1:2379",)
 
 CNI_PRIORITY = "05"
 EXTRA_PRIORITY = "99"
+
+
+def redact_url(url: str) -> str:
+    """``url`` as readers and logs may see it: user info and query string (where a download's
+    credentials or tokens travel) replaced by ``***``."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return urllib.parse.urlunsplit(
+        (parts.scheme, netloc, parts.path, "***" if parts.query else "", "***" if parts.fragment else "")
+    )
 
 
 def _volumes(volumes: list[config_models.Volume] | None) -> list[dict[str, Any]]:
@@ -100,7 +114,10 @@ def component_configs(config: config_models.Config, *, advertise_address: str) -
     urls = [(CNI_PRIORITY, url) for url in cni_urls or ()]
     urls += [(EXTRA_PRIORITY, url) for url in cluster.extra_manifests or ()]
     extra_manifests = {
-        "urls": [{"id": f"{priority}-{url}", "url": url, "priority": priority} for priority, url in urls],
+        "urls": [
+            {"id": f"{priority}-{redact_url(url)}", "url": url, "priority": priority}
+            for priority, url in urls
+        ],
         "headers": dict(cluster.extra_manifest_headers or {}),
         "inline": [
             {

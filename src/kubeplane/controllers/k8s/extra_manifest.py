@@ -48,19 +48,22 @@ def parse_documents(text: str, *, source: str) -> list[dict[str, Any]]:
 
 
 async def download(client: httpx.AsyncClient, url: str, *, headers: Mapping[str, str]) -> str:
-    """The body of ``url``; any failure raises :class:`ManifestSourceError` naming the URL."""
+    """The body of ``url``; any failure raises :class:`ManifestSourceError` naming the URL (without
+    its credentials)."""
+    shown = control_plane.redact_url(url)
     try:
         response = await client.get(url, headers=dict(headers))
         response.raise_for_status()
     except httpx.HTTPStatusError as exc:
         raise ManifestSourceError(
-            f"downloading extra manifest {url} failed: HTTP {exc.response.status_code}; "
+            f"downloading extra manifest {shown} failed: HTTP {exc.response.status_code}; "
             "check the URL and cluster.extraManifestHeaders"
-        ) from exc
+        ) from None
     except httpx.HTTPError as exc:
+        reason = str(exc).replace(url, shown) or type(exc).__name__
         raise ManifestSourceError(
-            f"downloading extra manifest {url} failed: {exc or type(exc).__name__}; check the URL"
-        ) from exc
+            f"downloading extra manifest {shown} failed: {reason}; check the URL"
+        ) from None
     return response.text
 
 
@@ -96,9 +99,10 @@ class ExtraManifestController:
 
             async def fetch(entry: Mapping[str, Any]) -> None:
                 url = str(entry["url"])
+                shown = control_plane.redact_url(url)
                 try:
                     results[entry["id"]] = parse_documents(
-                        await download(client, url, headers=headers), source=f"extra manifest {url}"
+                        await download(client, url, headers=headers), source=f"extra manifest {shown}"
                     )
                 except ManifestSourceError as exc:
                     results[entry["id"]] = exc

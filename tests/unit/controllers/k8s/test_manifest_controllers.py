@@ -96,6 +96,30 @@ def test_bad_extra_manifest_does_not_block_the_others(
     assert "404" in next(r.getMessage() for r in caplog.records if missing in r.getMessage())
 
 
+def test_credentials_in_an_extra_manifest_url_stay_out_of_ids_and_logs(
+    doc: dict[str, Any], local_server: LocalServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    served = local_server.serve("/private.yaml?token=s3cr3t", b"kind: ConfigMap\n")
+    scheme, rest = served.split("://", 1)
+    private = f"{scheme}://deploy:hunter2@{rest}"
+    failing = private.replace("private", "gone")
+    doc["cluster"]["extraManifests"] = [private, failing]
+
+    async def body(state: State) -> None:
+        publish_addresses(state)
+        publish_config(state, doc)
+        shown = f"99-{scheme}://***@{rest.split('?')[0]}?***"
+        await eventually(lambda: ids(state, catalog.EXTRAS_NAMESPACE) == [shown], what="the private manifest")
+        await eventually(lambda: any("404" in r.getMessage() for r in caplog.records), what="the 404 logged")
+
+    with caplog.at_level("ERROR", logger="controller-runtime"):
+        run([K8sControlPlaneController(), ExtraManifestController(retry_interval=60)], body)
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert "hunter2" not in logged and "s3cr3t" not in logged and "***@" in logged
+    # The download itself used them: basic auth from the URL's user info.
+    assert any(headers.get("Authorization", "").startswith("Basic ") for headers in local_server.seen_headers)
+
+
 def test_apply_order_puts_namespaces_and_crds_first() -> None:
     ns = {"kind": "Namespace", "metadata": {"name": "x"}}
     crd = {"kind": "CustomResourceDefinition", "metadata": {"name": "c"}}
