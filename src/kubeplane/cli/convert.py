@@ -183,12 +183,19 @@ def _confirm(prompt: str) -> bool:
 
 
 async def _convert(
-    target: connect.Target, *, endpoint: str | None, force: bool, remove_key_only: bool
+    target: connect.Target, *, endpoint: str | None, force: bool, remove_key_only: bool, dry_run: bool
 ) -> convert.Timing:
     env = KubeplaneEnv(target, endpoint=endpoint)
     timing = convert.Timing()
     try:
         await env.kube()
+        if dry_run:  # read calls only: not even the cluster operation Lease is taken
+            converter = convert.Converter(
+                env, options=convert.Options(force=force), echo=click.echo, confirm=_confirm
+            )
+            click.echo((await converter.plan()).render())
+            click.echo("dry run: nothing was changed")
+            return timing
         async with oplock.held(lease.KubeLeaseStore(env.api_client), operation="convert-k8s"):
             if remove_key_only:
                 click.echo("removing self-hosted initialized key")
@@ -212,7 +219,8 @@ async def _convert(
     help="Only remove the etcd key that keeps the control plane self-hosted, then stop: the agents "
     "start their static pods (step 6 of the manual procedure in docs/convert.md).",
 )
-def convert_k8s(*, endpoint: str | None, force: bool, remove_initialized_key: bool) -> None:
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+def convert_k8s(*, endpoint: str | None, force: bool, remove_initialized_key: bool, dry_run: bool) -> None:
     """Convert a self-hosted control plane (DaemonSets + pod-checkpointer) to static pods.
 
     Safe to re-run after any failure or interruption. See docs/convert.md.
@@ -220,7 +228,13 @@ def convert_k8s(*, endpoint: str | None, force: bool, remove_initialized_key: bo
     target = connect.resolve(connect.options())
     try:
         timing = connect.run(
-            _convert(target, endpoint=endpoint, force=force, remove_key_only=remove_initialized_key),
+            _convert(
+                target,
+                endpoint=endpoint,
+                force=force,
+                remove_key_only=remove_initialized_key,
+                dry_run=dry_run,
+            ),
             target=target,
         )
     except convert.Aborted as exc:

@@ -42,6 +42,7 @@ from kubernetes import client as k8s_client
 from kubeplane import config as machine_config
 from kubeplane import pki, retry
 from kubeplane.clients import kube as kube_client
+from kubeplane.ops import plan as plan_module
 from kubeplane.ops.errors import NodeUnavailable, OpsError, PreflightError, WaitTimeout
 
 COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -226,13 +227,41 @@ class Converter:
         self.confirm = confirm
         self.timing = timing or Timing()
 
-    async def run(self) -> None:
+    async def masters(self) -> list[tuple[str, str]]:
+        """(address, name) of every control plane node; PreflightError when there is none."""
         nodes = await self.env.master_nodes()
         if not nodes:
             raise PreflightError(
                 "no control plane nodes found (Nodes labelled node-role.kubernetes.io/master or "
                 "node-role.kubernetes.io/control-plane); check `kubectl get nodes --show-labels`"
             )
+        return nodes
+
+    async def plan(self) -> plan_module.Plan:
+        """What :meth:`run` would do, seen through read calls only (``--dry-run``)."""
+        nodes = await self.masters()
+        addresses = [address for address, _ in nodes]
+        self_hosted = await self.env.self_hosted(addresses[0])
+        present = {}
+        for name in (CHECKPOINTER, *COMPONENTS):
+            present[name] = "DaemonSet" if await self.env.daemonset_image(name) else "no DaemonSet"
+        Step = plan_module.Step
+        steps: list[plan_module.Step] = []
+        if self_hosted:
+            rendered = "service account key, aggregator CA, images; static pods rendered"
+            steps += [Step("patch", "machine config", ip, "self-hosted", rendered) for ip in addresses]
+            steps.append(Step("disable", CHECKPOINTER, "", present[CHECKPOINTER], "no checkpoints"))
+            steps.append(Step("remove", "etcd key 'initialized'", "", "present", "absent"))
+        target = f"static pods on {len(nodes)} nodes"
+        steps += [Step("replace", component, "", present[component], target) for component in COMPONENTS]
+        notes = ["control plane nodes: " + ", ".join(f"{name} ({address})" for address, name in nodes)]
+        if self_hosted and not self.options.force:
+            notes.append("asks before disabling pod-checkpointer and before applying the static pods")
+        title = f"convert-k8s (self-hosted: {str(self_hosted).lower()})"
+        return plan_module.Plan(title=title, steps=tuple(steps), notes=tuple(notes))
+
+    async def run(self) -> None:
+        nodes = await self.masters()
         addresses = [address for address, _ in nodes]
         self.echo("discovered master nodes [" + " ".join(f'"{a}"' for a in addresses) + "]")
         self_hosted = await self.env.self_hosted(addresses[0])

@@ -304,3 +304,32 @@ def test_an_old_container_that_never_stops_fails_naming_the_node() -> None:
     with pytest.raises(WaitTimeout, match=r'old kube-apiserver containers on node "10.0.0.3".*re-run'):
         asyncio.run(converter.run())
     assert env.restarted == []
+
+
+def test_the_plan_lists_every_step_from_read_calls_only() -> None:
+    env = FakeEnv(configs={ip: _config() for ip, _ in NODES})
+    before = (dict(env.configs), set(env.daemonsets), env.self_hosted_flag)
+    options = convert.Options(force=False, interval=0, checkpoint_interval=0)
+    converter = convert.Converter(env, options=options, echo=print, confirm=lambda _: False)
+    plan = asyncio.run(converter.plan())
+    kinds = [(step.kind, step.component, step.node) for step in plan.steps]
+    assert kinds == [
+        *(("patch", "machine config", ip) for ip, _ in NODES),
+        ("disable", convert.CHECKPOINTER, ""),
+        ("remove", "etcd key 'initialized'", ""),
+        *(("replace", component, "") for component in convert.COMPONENTS),
+    ]
+    last = plan.steps[-1]
+    assert (last.current, last.target) == ("DaemonSet", f"static pods on {len(NODES)} nodes")
+    assert any("asks before disabling pod-checkpointer" in note for note in plan.notes)
+    assert (dict(env.configs), set(env.daemonsets), env.self_hosted_flag) == before
+    assert env.applied == env.deleted_pods == env.restarted == []
+    # Once the key is gone only the hand-over is left, and the plan says so.
+    env.self_hosted_flag = False
+    env.daemonsets.discard("kube-scheduler")
+    rest = asyncio.run(converter.plan())
+    assert [(s.kind, s.component, s.current) for s in rest.steps] == [
+        ("replace", "kube-apiserver", "DaemonSet"),
+        ("replace", "kube-controller-manager", "DaemonSet"),
+        ("replace", "kube-scheduler", "no DaemonSet"),
+    ]
