@@ -184,6 +184,26 @@ def test_self_hosted_cluster_runs_daemonsets_and_a_workload(cluster_selfhosted: 
     wait_for("workload running", not_running)
 
 
+def test_dry_run_prints_the_plan_and_changes_nothing(cluster_selfhosted: E2ECluster) -> None:
+    cluster = cluster_selfhosted
+    before = cluster.cli("-n", cluster.control_plane[0], "get", "mc", "-o", "yaml")
+    assert before.returncode == 0, before.stderr
+    result = cluster.cli("-n", cluster.control_plane[0], "convert-k8s", "--dry-run")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "convert-k8s (self-hosted: true)" in result.stdout
+    for ip in cluster.control_plane:
+        assert f"patch machine config on node {ip}: self-hosted -> " in result.stdout
+    for component in COMPONENTS:
+        assert f"replace {component} cluster-wide: DaemonSet -> static pods on " in result.stdout
+    assert result.stdout.rstrip().endswith("dry run: nothing was changed")
+    # Nothing moved: still self-hosted, the same machine config, and no operation Lease taken.
+    assert self_hosted(cluster)
+    after = cluster.cli("-n", cluster.control_plane[0], "get", "mc", "-o", "yaml")
+    assert after.stdout == before.stdout
+    lease = cluster.kubectl("-n", "kube-system", "get", "lease", "kubeplane-cluster-operation")
+    assert lease.returncode != 0 and "NotFound" in lease.stderr, lease.stdout + lease.stderr
+
+
 def test_manual_steps_patch_the_keys_and_render_static_pods(
     cluster_selfhosted: E2ECluster, tmp_path: Path
 ) -> None:
