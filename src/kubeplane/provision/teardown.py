@@ -22,7 +22,7 @@ from kubeplane.agent import owned
 from kubeplane.config import client as client_config
 from kubeplane.provision import hostproc, machine, netns
 from kubeplane.provision import state as state_mod
-from kubeplane.provision.cluster import AGENT, ClusterError, ClusterMeta
+from kubeplane.provision.cluster import AGENT, ClusterError, ClusterMeta, list_clusters
 from kubeplane.provision.leftovers import kill_node_processes, pod_netns_of_all, remove_pod_netns_names
 
 #: How long an agent may take to stop its services before it is killed.
@@ -65,7 +65,11 @@ def destroy(
         owned.remove_cgroup(Path(path))
     left = machine.remove_host_dirs([Path(path) for path in cluster.host_dirs])
     if left:
-        progress(f"keeping mount points another node still mounts on: {', '.join(map(str, left))}")
+        heir = _hand_over_host_dirs(left, leaving=name, state_root=state_root)
+        progress(
+            f"keeping mount points another node still mounts on: {', '.join(map(str, left))}"
+            + (f" (cluster {heir!r} removes them when it is destroyed)" if heir else "")
+        )
     progress("stopping the load balancer and the registry")
     for record in cluster.processes.values():
         hostproc.stop(record)
@@ -116,3 +120,19 @@ def unmount_under(root: Path) -> None:
         raise ClusterError(
             f"cannot unmount {', '.join(map(str, left))}; unmount them by hand and run destroy again"
         )
+
+
+def _hand_over_host_dirs(paths: list[Path], *, leaving: str, state_root: Path | None) -> str | None:
+    """Record ``paths`` (mount points still in use) in another cluster's state, so that the last
+    cluster destroyed removes them; the name of that cluster, or None when there is none."""
+    for other in list_clusters(state_root=state_root):
+        if other == leaving:
+            continue
+        try:
+            heir = state_mod.ClusterState.load(other, root=state_root)
+        except state_mod.StateError:
+            continue
+        heir.host_dirs = list(dict.fromkeys([*heir.host_dirs, *map(str, paths)]))
+        heir.save()
+        return other
+    return None

@@ -75,3 +75,19 @@ def test_destroy_removes_the_mount_points_it_made_once_nothing_mounts_on_them(
 
 def test_this_namespaces_mounts_are_seen() -> None:
     assert "/" in machine._mounted_anywhere()
+
+
+def test_mount_points_still_in_use_are_handed_to_a_cluster_that_remains(tmp_path: Path) -> None:
+    from kubeplane.provision import state, teardown
+
+    for name in ("alpha", "beta"):
+        state.ClusterState(name=name, directory=state.cluster_dir(name, root=tmp_path)).save()
+    kept = [Path("/var/lib/kubeplane"), Path("/system")]
+    assert teardown._hand_over_host_dirs(kept, leaving="alpha", state_root=tmp_path) == "beta"
+    assert state.ClusterState.load("beta", root=tmp_path).host_dirs == ["/var/lib/kubeplane", "/system"]
+    # Handed over twice, recorded once; with no other cluster left there is nobody to hand them to.
+    teardown._hand_over_host_dirs(kept, leaving="alpha", state_root=tmp_path)
+    assert state.ClusterState.load("beta", root=tmp_path).host_dirs == ["/var/lib/kubeplane", "/system"]
+    assert teardown._hand_over_host_dirs(kept, leaving="beta", state_root=tmp_path) == "alpha"
+    (state.cluster_dir("alpha", root=tmp_path) / state.STATE_FILE).unlink()
+    assert teardown._hand_over_host_dirs(kept, leaving="beta", state_root=tmp_path) is None
