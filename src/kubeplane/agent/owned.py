@@ -134,6 +134,26 @@ def mount_table(mountinfo: Path = _MOUNTINFO) -> list[Mount]:
     return found
 
 
+def mount_tables(pids: Iterable[int] | None = None, *, proc: Path = Path("/proc")) -> list[list[Mount]]:
+    """The mount table of each mount namespace the processes ``pids`` (default: every process)
+    are in, each namespace read once."""
+    if pids is None:
+        pids = [int(entry.name) for entry in proc.iterdir() if entry.name.isdigit()]
+    seen: set[tuple[int, int]] = set()
+    tables = []
+    for pid in pids:
+        try:
+            ns = os.stat(proc / str(pid) / "ns" / "mnt")
+            if (ns.st_ino, ns.st_dev) in seen:
+                continue
+            table = mount_table(proc / str(pid) / "mountinfo")
+        except OSError:  # the process is gone
+            continue
+        seen.add((ns.st_ino, ns.st_dev))
+        tables.append(table)
+    return tables
+
+
 def _within(point: Path, directory: Path) -> bool:
     return point == directory or directory in point.parents
 

@@ -22,20 +22,22 @@ from kubeplane.provision import state as state_mod
 from kubeplane.provision.cluster import ClusterError
 
 
-def pod_netns_of(pid: int) -> set[str]:
-    """Names of the pod network namespaces (``/run/netns/cni-*``) mounted in ``pid``'s mount namespace."""
-    try:
-        lines = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
-    except OSError:
-        return set()
+def _pod_netns(table: Sequence[owned.Mount]) -> set[str]:
+    """Names of the pod network namespaces (``/run/netns/cni-*``) mounted in one mount table."""
     found = set()
-    for line in lines:
-        fields = line.split()
-        point = fields[4] if len(fields) > 4 else ""
-        parent, _, leaf = point.rpartition("/")
+    for mount in table:
+        parent, _, leaf = str(mount.point).rpartition("/")
         if parent in ("/run/netns", "/var/run/netns") and leaf.startswith("cni-"):
             found.add(leaf)
     return found
+
+
+def pod_netns_of(pid: int) -> set[str]:
+    """Names of the pod network namespaces mounted in ``pid``'s mount namespace."""
+    try:
+        return _pod_netns(owned.mount_table(Path(f"/proc/{pid}/mountinfo")))
+    except OSError:
+        return set()
 
 
 def netns_members(netns_name: str) -> list[int]:
@@ -74,17 +76,7 @@ def kill_node_processes(node: state_mod.NodeState, *, timeout: float = 10.0) -> 
 
 def pod_netns_of_all(pids: Sequence[int]) -> set[str]:
     """:func:`pod_netns_of` over ``pids``, reading each mount namespace once."""
-    seen: set[tuple[int, int]] = set()
-    found: set[str] = set()
-    for pid in pids:
-        try:
-            ns = os.stat(f"/proc/{pid}/ns/mnt")
-        except OSError:
-            continue
-        if (ns.st_ino, ns.st_dev) not in seen:
-            seen.add((ns.st_ino, ns.st_dev))
-            found |= pod_netns_of(pid)
-    return found
+    return {name for table in owned.mount_tables(pids) for name in _pod_netns(table)}
 
 
 def remove_pod_netns_names(names: set[str]) -> None:

@@ -38,6 +38,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from kubeplane.agent import owned
+
 #: Directories a node owns, relative to ``/``: each is the node directory's own, bind-mounted.
 MACHINE_DIRS = (
     "system",
@@ -95,22 +97,8 @@ def prepare(node_dir: Path, *, host_root: Path = Path("/")) -> list[Path]:
 
 
 def _mounted_anywhere() -> set[str]:
-    """Mount points in every mount namespace on this machine (each read once)."""
-    seen: set[tuple[int, int]] = set()
-    points: set[str] = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ns = os.stat(entry / "ns" / "mnt")
-            if (ns.st_ino, ns.st_dev) in seen:
-                continue
-            lines = (entry / "mountinfo").read_text().splitlines()
-        except OSError:
-            continue
-        seen.add((ns.st_ino, ns.st_dev))
-        points.update(line.split()[4] for line in lines if len(line.split()) > 4)
-    return points
+    """Mount points in every mount namespace on this machine."""
+    return {str(m.point) for table in owned.mount_tables() for m in table}
 
 
 def remove_host_dirs(paths: Sequence[Path]) -> list[Path]:
