@@ -44,6 +44,7 @@ from typing import IO, Any, Literal
 
 import httpx
 
+from kubeplane import guard
 from kubeplane.clients import errors
 
 log = logging.getLogger(__name__)
@@ -508,15 +509,14 @@ class EtcdClient:
         try:
             yield keeper
         except asyncio.CancelledError:
-            keeper.stop_guarding()
-            if keeper.lost is not None and keeper.withdraw_cancel():
+            lost = keeper.guard.release()
+            if lost is not None:
                 # The cancellation was ours alone: turn it into the error that says why.
-                raise keeper.lost from keeper.lost.__cause__
+                raise lost from lost.__cause__
             raise
         finally:
-            keeper.stop_guarding()
-            # A block that swallowed our cancellation still must not leave it pending.
-            keeper.withdraw_cancel()
+            # Also when the block swallowed our cancellation: it must not stay pending.
+            keeper.stop()
             await keeper.stopped()
             try:
                 await self.lease_revoke(granted.id)
@@ -674,16 +674,9 @@ class _LeaseKeeper:
     """
 
     def __init__(self, client: EtcdClient, lease: Lease, *, granted_at: float) -> None:
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("a kept lease needs a running asyncio task")
         self.client = client
         self.lease = lease
-        self.lost: errors.EtcdLeaseLost | None = None
-        self._task = task
-        self._cancelling = task.cancelling()
-        self._cancelled = False
-        self._guarding = True
+        self.guard = guard.LossGuard()
         self._deadline = granted_at + lease.ttl
         self._refresher = asyncio.create_task(self._refresh())
 
@@ -716,23 +709,17 @@ class _LeaseKeeper:
     def _lose(self, why: str, cause: BaseException | None) -> None:
         lost = errors.EtcdLeaseLost(f"lease {self.lease.id:x} is lost: {why}; the work under it was stopped")
         lost.__cause__ = cause
-        self.lost = lost
         log.warning("%s", lost)
-        if self._guarding:
-            self._cancelled = True
-            self._task.cancel(msg=str(lost))
+        self.guard.lose(lost)
 
-    def stop_guarding(self) -> None:
+    @property
+    def lost(self) -> BaseException | None:
+        return self.guard.lost
+
+    def stop(self) -> None:
         """The block is over: a loss from now on cancels nothing. Stops the refresher."""
-        self._guarding = False
+        self.guard.release()
         self._refresher.cancel()
-
-    def withdraw_cancel(self) -> bool:
-        """Take back our cancellation of the block's task, once; True if nobody else cancelled it."""
-        if not self._cancelled:
-            return False
-        self._cancelled = False
-        return self._task.uncancel() <= self._cancelling
 
     async def stopped(self) -> None:
         """Wait for the refresher to finish (without swallowing a cancellation of our own task)."""

@@ -31,6 +31,7 @@ import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
+from kubeplane import guard
 from kubeplane.ops.errors import OpsError
 
 log = logging.getLogger(__name__)
@@ -198,10 +199,7 @@ async def held(
     """Hold the Lease for the block (see the module docstring)."""
     holder = me or this_process(operation)
     lease = await acquire(store, me=holder, now=now, alive=alive)
-    body = asyncio.current_task()
-    # Cancellations already pending on the body: ours is taken back only if it is the last one.
-    cancelling = body.cancelling() if body is not None else 0
-    lost: list[str] = []
+    loss = guard.LossGuard()
 
     async def renew() -> None:
         while True:
@@ -212,9 +210,13 @@ async def held(
                 log.debug("reading the cluster operation lease failed: %s", exc)
                 continue
             if current is None or current.holder != holder.identity:
-                lost.append(current.holder if current is not None else "nobody (it was deleted)")
-                if body is not None:
-                    body.cancel()
+                taker = current.holder if current is not None else "nobody (it was deleted)"
+                loss.lose(
+                    OperationLocked(
+                        f"{operation} stopped: it lost the Lease {NAMESPACE}/{NAME} to {taker}; re-run "
+                        "it once that operation has finished"
+                    )
+                )
                 return
             renewed = dataclasses.replace(current, renewed=now())
             with contextlib.suppress(Exception):  # a failed renewal is retried on the next tick
@@ -225,17 +227,16 @@ async def held(
         yield lease
     except asyncio.CancelledError:
         # Our own cancellation becomes the error that says why; one from elsewhere stays.
-        if lost and body is not None and body.uncancel() <= cancelling:
-            raise OperationLocked(
-                f"{operation} stopped: it lost the Lease {NAMESPACE}/{NAME} to {lost[0]}; re-run it "
-                "once that operation has finished"
-            ) from None
+        error = loss.release()
+        if error is not None:
+            raise error from None
         raise
     finally:
+        loss.release()  # also when the block swallowed our cancellation: it must not stay pending
         renewer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await renewer
-        if not lost:
+        if loss.lost is None:
             with contextlib.suppress(Exception):
                 current = await store.read()
                 if current is not None and current.holder == holder.identity:
