@@ -42,7 +42,7 @@ import random
 import string
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -1134,7 +1134,6 @@ def signed_node_certificate(answer: Answer, ca: pki.CertKey) -> pki.CertInfo:
 
 
 def test_trustd_refuses_malformed_requests_and_keeps_signing() -> None:
-    budget = Budget()
     key = pki.generate_key()
     shapes = st.one_of(
         RAW_BODIES,
@@ -1149,15 +1148,37 @@ def test_trustd_refuses_malformed_requests_and_keeps_signing() -> None:
         ).map(dumps),
         st.integers(min_value=1, max_value=60_000).map(lambda n: dumps({"token": TOKEN, "csr": "A" * n})),
     )
-    with running_trustd(f"{NET}.2") as (server, channel):
+    _fuzz_trustd(
+        shapes,
+        address=f"{NET}.2",
+        method=trustd.LEGACY_METHOD,
+        label="trustd",
+        signs=lambda channel, ca: signed_node_certificate(
+            channel.unary(trustd.LEGACY_METHOD, good_request(key)), ca
+        ),
+    ).enough()
+
+
+def _fuzz_trustd(
+    shapes: st.SearchStrategy[bytes],
+    *,
+    address: str,
+    method: str,
+    label: str,
+    signs: Callable[[Wire, pki.CertKey], object],
+) -> Budget:
+    """Send trustd ``method`` the drawn bodies: each gets a clear refusal (an oversized one
+    RESOURCE_EXHAUSTED), and a good request is still signed afterwards. The spent budget."""
+    budget = Budget()
+    with running_trustd(address) as (server, channel):
 
         @settings(SETTINGS, max_examples=150)
         @given(body=shapes)
         def example(body: bytes) -> None:
             if not budget.take():
                 return
-            answer = budget.seen(channel.unary(trustd.LEGACY_METHOD, body))
-            what = f"trustd {body[:120]!r}"
+            answer = budget.seen(channel.unary(method, body))
+            what = f"{label} {body[:120]!r}"
             if len(body) > trustd.MAX_REQUEST_BYTES:
                 assert answer.code == "RESOURCE_EXHAUSTED", f"{what} -> {answer}"
                 return
@@ -1165,8 +1186,8 @@ def test_trustd_refuses_malformed_requests_and_keeps_signing() -> None:
             _check_trustd(answer, what)
 
         example()
-        signed_node_certificate(channel.unary(trustd.LEGACY_METHOD, good_request(key)), server.ca)
-    budget.enough()
+        signs(channel, server.ca)
+    return budget
 
 
 def _check_trustd(answer: Answer, what: str) -> None:
@@ -1383,11 +1404,29 @@ def test_trustd_refuses_malformed_csrs_with_the_right_token_and_signs_only_node_
 
 def test_trustd_refuses_oversized_requests_and_keeps_signing() -> None:
     key = pki.generate_key()
-    with running_trustd(f"{NET}.4") as (server, channel):
+    _oversized_trustd(
+        address=f"{NET}.4",
+        method=trustd.LEGACY_METHOD,
+        encode=dumps,
+        signs=lambda channel, ca: signed_node_certificate(
+            channel.unary(trustd.LEGACY_METHOD, good_request(key)), ca
+        ),
+    )
+
+
+def _oversized_trustd(
+    *,
+    address: str,
+    method: str,
+    encode: Callable[[dict[str, Any]], bytes],
+    signs: Callable[[Wire, pki.CertKey], object],
+) -> None:
+    """Requests over trustd's limit get RESOURCE_EXHAUSTED, and a good request is still signed."""
+    with running_trustd(address) as (server, channel):
         for size in (trustd.MAX_REQUEST_BYTES + 1, 8 << 20):
-            answer = channel.unary(trustd.LEGACY_METHOD, dumps({"token": TOKEN, "csr": "A" * size}))
+            answer = channel.unary(method, encode({"token": TOKEN, "csr": "A" * size}))
             assert answer.code == "RESOURCE_EXHAUSTED", answer
-        signed_node_certificate(channel.unary(trustd.LEGACY_METHOD, good_request(key)), server.ca)
+        signs(channel, server.ca)
 
 
 # -- trustd on the typed wire (kubeplane.node.v1.Trustd) ----------------------------------------
@@ -1405,7 +1444,6 @@ def good_typed_request(key: bytes) -> bytes:
 
 
 def test_v1_trustd_refuses_malformed_requests_and_keeps_signing() -> None:
-    budget = Budget()
     key = pki.generate_key()
     certificate_request = schema.trustd_pb2.CertificateRequest
     shapes = st.one_of(
@@ -1416,32 +1454,22 @@ def test_v1_trustd_refuses_malformed_requests_and_keeps_signing() -> None:
             lambda n: schema.encode_certificate_request({"token": TOKEN, "csr": "A" * n})
         ),
     )
-    with running_trustd(f"{NET}.5") as (server, channel):
-
-        @settings(SETTINGS, max_examples=150)
-        @given(body=shapes)
-        def example(body: bytes) -> None:
-            if not budget.take():
-                return
-            answer = budget.seen(channel.unary(trustd.METHOD, body))
-            what = f"v1 trustd {body[:120]!r}"
-            if len(body) > trustd.MAX_REQUEST_BYTES:
-                assert answer.code == "RESOURCE_EXHAUSTED", f"{what} -> {answer}"
-                return
-            assert answer.code in {"INVALID_ARGUMENT", "PERMISSION_DENIED"}, f"{what} -> {answer}"
-            _check_trustd(answer, what)
-
-        example()
-        signed_v1(channel.unary(trustd.METHOD, good_typed_request(key)), server.ca)
+    budget = _fuzz_trustd(
+        shapes,
+        address=f"{NET}.5",
+        method=trustd.METHOD,
+        label="v1 trustd",
+        signs=lambda channel, ca: signed_v1(channel.unary(trustd.METHOD, good_typed_request(key)), ca),
+    )
     budget.enough()
     assert budget.codes["INVALID_ARGUMENT"] and budget.codes["PERMISSION_DENIED"], dict(budget.codes)
 
 
 def test_v1_trustd_refuses_oversized_requests_and_keeps_signing() -> None:
     key = pki.generate_key()
-    with running_trustd(f"{NET}.6") as (server, channel):
-        for size in (trustd.MAX_REQUEST_BYTES + 1, 8 << 20):
-            body = schema.encode_certificate_request({"token": TOKEN, "csr": "A" * size})
-            answer = channel.unary(trustd.METHOD, body)
-            assert answer.code == "RESOURCE_EXHAUSTED", answer
-        signed_v1(channel.unary(trustd.METHOD, good_typed_request(key)), server.ca)
+    _oversized_trustd(
+        address=f"{NET}.6",
+        method=trustd.METHOD,
+        encode=schema.encode_certificate_request,
+        signs=lambda channel, ca: signed_v1(channel.unary(trustd.METHOD, good_typed_request(key)), ca),
+    )
