@@ -352,18 +352,6 @@ def cgroup_root() -> Iterator[str]:
             owned.remove_cgroup(hierarchy / name)
 
 
-def mounts_under(root: Path) -> list[Path]:
-    """Mount points at or below ``root``, deepest first."""
-    prefix = str(root)
-    points = []
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        # /proc/mounts escapes spaces and friends as octal.
-        point = line.split()[1].encode().decode("unicode_escape")
-        if point == prefix or point.startswith(prefix + "/"):
-            points.append(Path(point))
-    return sorted(set(points), key=lambda p: len(p.parts), reverse=True)
-
-
 # -- kube-apiserver -------------------------------------------------------------------------
 
 
@@ -556,7 +544,7 @@ def node_root(tmp_path: Path) -> Iterator[Path]:
     root = tmp_path / "node"
     root.mkdir()
     yield root
-    leaks = [f"mount {p}" for p in mounts_under(root)]
+    leaks = [f"mount {p}" for p in owned.mounts_under(root)]
     assert not leaks, f"the node under {root} left these behind: " + ", ".join(leaks)
 
 
@@ -625,7 +613,7 @@ def _test_artifacts() -> set[str]:
         else set()
     )
     found |= {f"link {p.name}" for p in Path("/sys/class/net").glob("kpt*")}
-    found |= machines.leftovers()
+    found |= machines.lan_leftovers()
     for hierarchy in owned.cgroup_hierarchies():
         found |= {f"cgroup {p}" for p in hierarchy.glob("kpt-*")}
     return found
@@ -645,7 +633,7 @@ def leak_check(tmp_path: Path) -> Iterator[None]:
     so this one is torn down last."""
     before = _test_artifacts()
     yield
-    leaks = [f"mount {p}" for p in mounts_under(tmp_path)]
+    leaks = [f"mount {p}" for p in owned.mounts_under(tmp_path)]
     leaks += [f"process {pid}" for pid in processes_mentioning(str(tmp_path)) if pid != os.getpid()]
     leaks += sorted(_test_artifacts() - before)
     assert not leaks, "the test left these behind: " + ", ".join(leaks)

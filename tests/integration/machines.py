@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from kubeplane.provision import machine, netns
+from kubeplane.provision import leftovers, machine, netns
 from kubeplane.provision import state as state_mod
 
 #: Host mount points this session created for its machine nodes.
@@ -59,7 +59,7 @@ def enter_argv(pid: int, command: Sequence[str | Path]) -> list[str]:
     return ["nsenter", f"--target={pid}", "--mount", "--uts", "--net", "--", *map(str, command)]
 
 
-def leftovers() -> set[str]:
+def lan_leftovers() -> set[str]:
     """What exists now of the test networks this session made: namespaces and links."""
     netns_dir = Path("/run/netns")
     found = set()
@@ -74,30 +74,14 @@ def leftovers() -> set[str]:
     return found
 
 
-def processes_in_netns(name: str) -> list[int]:
-    """PIDs of the processes in network namespace ``name`` (by the namespace's inode)."""
-    try:
-        target = os.stat(f"/run/netns/{name}")
-    except OSError:
-        return []
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                ns = os.stat(entry / "ns" / "net")
-                if (ns.st_ino, ns.st_dev) == (target.st_ino, target.st_dev):
-                    found.append(int(entry.name))
-    return found
-
-
 def kill_in_netns(name: str, *, timeout: float = 10.0) -> list[int]:
     """SIGKILL every process in namespace ``name`` and wait until they are gone; their PIDs."""
-    found = processes_in_netns(name)
+    found = leftovers.netns_members(name)
     for pid in found:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
-    while processes_in_netns(name) and time.monotonic() < deadline:
+    while leftovers.netns_members(name) and time.monotonic() < deadline:
         time.sleep(0.05)
     return found
 
