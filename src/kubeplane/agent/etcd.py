@@ -95,6 +95,12 @@ def cluster_admin_client(
     return authority, client
 
 
+def _file_stamp(path: Path) -> tuple[int, int, int]:
+    """What tells a replaced file apart: inode, size and modification time (ns)."""
+    status = path.stat()
+    return status.st_ino, status.st_size, status.st_mtime_ns
+
+
 class EtcdMember:
     """This node's etcd: the service spec and the operations the node API exposes."""
 
@@ -108,6 +114,8 @@ class EtcdMember:
         self._join_started: float | None = None
         # Client URLs of the members we joined through: where a learner asks for its promotion.
         self._voters: list[str] | None = None
+        # The client TLS context and the (inode, size, mtime) of the files it was built from.
+        self._tls: tuple[tuple[tuple[int, int, int], ...], ssl.SSLContext] | None = None
 
     # -- files ------------------------------------------------------------------------------
 
@@ -259,11 +267,23 @@ class EtcdMember:
         return [etcd_rules.client_url(ip) for ip in ips]
 
     def tls(self) -> ssl.SSLContext:
-        return etcd_client.tls_context(
-            ca=self.certs.ca.read_bytes(),
-            cert=self.certs.client_crt.read_bytes(),
-            key=self.certs.client_key.read_bytes(),
-        )
+        """The node's etcd client TLS context, rebuilt only when one of its files changed.
+
+        The health check asks for a client every few seconds; building a context parses the CA
+        and stages the key pair through a temporary directory, so it is kept until a rotation
+        replaces a file (a new inode, size or modification time), and three ``stat`` calls are
+        all a health check costs on the event loop.
+        """
+        files = (self.certs.ca, self.certs.client_crt, self.certs.client_key)
+        stamp = tuple(_file_stamp(path) for path in files)
+        if self._tls is None or self._tls[0] != stamp:
+            context = etcd_client.tls_context(
+                ca=self.certs.ca.read_bytes(),
+                cert=self.certs.client_crt.read_bytes(),
+                key=self.certs.client_key.read_bytes(),
+            )
+            self._tls = (stamp, context)
+        return self._tls[1]
 
     def client(self, endpoints: list[str] | None = None) -> etcd_client.EtcdClient:
         """A client of this node's etcd (or of ``endpoints``) with the node's etcd client certificate."""

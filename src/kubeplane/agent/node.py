@@ -171,7 +171,10 @@ class Node:
         self.state, self._runtime = state, runtime
         if self._services_enabled:
             addresses = self._addresses()
-            services = NodeServices(
+            # Built in a thread: it reads the machine ID from disk (no event loop is needed to
+            # construct it; its locks and events bind to the loop on first use).
+            services = await asyncio.to_thread(
+                NodeServices,
                 paths=self.paths,
                 document=document,
                 name=self.name,

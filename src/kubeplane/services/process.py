@@ -148,7 +148,7 @@ class Process:
             )
         except BaseException:
             _signal_group(popen.pid, signal.SIGKILL)
-            popen.wait()
+            await asyncio.to_thread(popen.wait)
             raise
         pump = asyncio.create_task(_pump(reader, log), name=f"log pump {popen.pid}")
         return cls(popen, pump)

@@ -24,6 +24,8 @@ from kubeplane.clients import errors
 from kubeplane.clients import etcd as etcd_client
 from kubeplane.config import generate as gen
 from kubeplane.config.paths import NodePaths
+from kubeplane.fileio import write_atomic
+from kubeplane.pki import certs as pki_certs
 from kubeplane.services import etcd as etcd_rules
 
 pytestmark = pytest.mark.unit
@@ -296,3 +298,29 @@ def test_promoting_a_member_that_already_votes_is_done() -> None:
                 await agent_etcd.promote(etcd, 99)
 
     asyncio.run(scenario())
+
+
+def test_the_client_tls_context_is_built_once_and_again_after_a_rotation(tmp_path: Path) -> None:
+    member = agent_etcd.EtcdMember(
+        paths=NodePaths(tmp_path),
+        document=config.load(yaml.safe_dump(copy.deepcopy(DOCUMENTS["controlplane"]))),
+        name="cp2",
+        node_ip="10.5.0.3",
+    )
+    member.certs.ca.parent.mkdir(parents=True, exist_ok=True)
+
+    def write_pair() -> None:
+        ca = pki_certs.new_ca("etcd")
+        client = pki_certs.issue(ca=ca, common_name="cp2", usages=("client",))
+        # As the secrets controller writes them: each file replaced by a rename.
+        write_atomic(member.certs.ca, ca.cert)
+        write_atomic(member.certs.client_crt, client.cert)
+        write_atomic(member.certs.client_key, client.key)
+
+    write_pair()
+    first = member.tls()
+    assert member.tls() is first, "a health check every few seconds must not rebuild the context"
+    write_pair()  # rotation: new CA and key pair in place
+    rotated = member.tls()
+    assert rotated is not first
+    assert member.tls() is rotated
