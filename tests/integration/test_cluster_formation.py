@@ -20,9 +20,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import machines
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from kubeplane import api, pki
 from kubeplane.agent import owned
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.integration
 
 API_PORT = 50000
+METRICS_PORT = 50010
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -193,6 +196,23 @@ def test_control_plane_node_services_bootstrap_and_restarts(
         assert any("signal SIGKILL" in m for m in events), events
         assert any(m.startswith("Restarting in") for m in events), events
 
+    # The metrics say the same: each service's state, the restarts, etcd a voter checked healthy.
+    host = agent.address.rpartition(":")[0]
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(
+            httpx.get(f"http://{host}:{METRICS_PORT}/metrics", timeout=5, trust_env=False).text
+        )
+        for sample in family.samples
+    }
+    for service_id in ("containerd", "kubelet", "etcd"):
+        assert samples[("kubeplane_service_state", (("service", service_id), ("state", "Running")))] == 1
+        assert samples[("kubeplane_service_state", (("service", service_id), ("state", "Failed")))] == 0
+    for service_id in ("etcd", "kubelet"):
+        assert samples[("kubeplane_service_restarts_total", (("service", service_id),))] >= 1
+    assert samples[("kubeplane_etcd_member", (("role", "voter"),))] == 1
+    assert samples[("kubeplane_etcd_health_checks_total", (("result", "ok"),))] >= 1
+
     # The Services resources mirror the supervisor.
     resources = agent.call(lambda c: c.resource_list("Services"))[0].unwrap()
     assert {r["metadata"]["id"]: r["spec"]["healthy"] for r in resources} == {
@@ -203,7 +223,6 @@ def test_control_plane_node_services_bootstrap_and_restarts(
 
     # trustd on the control plane node refuses a wrong machine token and signs nothing.
     csr = pki.new_csr(key=pki.generate_key(), common_name="intruder")
-    host = agent.address.rpartition(":")[0]
     with pytest.raises(trustd.TrustdError, match="refused the machine token"):
         asyncio.run(
             trustd.request_certificate(

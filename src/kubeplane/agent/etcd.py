@@ -50,7 +50,7 @@ from typing import Any
 
 import httpx
 
-from kubeplane import config, pki
+from kubeplane import config, metrics, pki
 from kubeplane.clients import errors as client_errors
 from kubeplane.clients import etcd as etcd_client
 from kubeplane.config.paths import NodePaths
@@ -292,12 +292,18 @@ class EtcdMember:
         )
 
     async def _health(self) -> None:
-        async with self.client() as client:
-            status = await client.status()
-            if status.is_learner:
-                await self._promote(status.member_id)
-            # A range request is linearizable by default: it needs the leader and a quorum.
-            await client.get(b"kubeplane:v1:health")
+        try:
+            async with self.client() as client:
+                status = await client.status()
+                metrics.set_etcd_member(learner=status.is_learner)
+                if status.is_learner:
+                    await self._promote(status.member_id)
+                # A range request is linearizable by default: it needs the leader and a quorum.
+                await client.get(b"kubeplane:v1:health")
+        except Exception:
+            metrics.ETCD_HEALTH_CHECKS.labels(result="error").inc()
+            raise
+        metrics.ETCD_HEALTH_CHECKS.labels(result="ok").inc()
         if self.bootstrap_state() == "requested":
             await asyncio.to_thread(write_atomic, self.marker, "done\n")
 

@@ -10,10 +10,15 @@ from pathlib import Path
 import click
 
 import kubeplane
+from kubeplane import metrics
 from kubeplane.agent.node import Node
 from kubeplane.config.paths import NodePaths
 from kubeplane.runtime import LOGGER_NAME as CONTROLLER_RUNTIME
 from kubeplane.services.logs import RotatingLogWriter
+
+#: Where ``/metrics`` is served by default (on the node API's address): next to 50000 (node API)
+#: and 50001 (trustd).
+METRICS_PORT = 50010
 
 
 class _StreamHandler(logging.Handler):
@@ -74,11 +79,26 @@ async def _serve(node: Node) -> None:
     "(several such agents can share one network namespace, e.g. on 127.0.0.X addresses).",
 )
 @click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=METRICS_PORT,
+    show_default=True,
+    help="Serve Prometheus metrics on http://<--listen host>:PORT/metrics (docs/metrics.md); 0: off. "
+    "They are served without authentication and carry no secrets.",
+)
+@click.option(
     "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"])
 )
 @click.pass_context
 def cli(
-    ctx: click.Context, *, root: Path, listen: str, node_name: str | None, services: bool, log_level: str
+    ctx: click.Context,
+    *,
+    root: Path,
+    listen: str,
+    node_name: str | None,
+    services: bool,
+    metrics_port: int,
+    log_level: str,
 ) -> None:
     """kubeplaned: the kubeplane node agent.
 
@@ -93,7 +113,18 @@ def cli(
     paths = NodePaths(root.resolve())
     paths.logs.mkdir(parents=True, exist_ok=True)
     _setup_logging(paths, log_level)
-    asyncio.run(_serve(Node(root=paths.root, listen=listen, name=node_name, services=services)))
+    exporter = None
+    if metrics_port:
+        host = listen.rpartition(":")[0].strip("[]")
+        try:
+            exporter = metrics.serve(host, metrics_port)
+        except OSError as exc:
+            raise click.ClickException(f"--metrics-port {metrics_port} on {host}: {exc.strerror}") from exc
+    try:
+        asyncio.run(_serve(Node(root=paths.root, listen=listen, name=node_name, services=services)))
+    finally:
+        if exporter is not None:
+            exporter.stop()
 
 
 @cli.command()

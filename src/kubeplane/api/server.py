@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
@@ -25,7 +26,7 @@ import grpc
 import grpc.aio
 from grpc_reflection.v1alpha import reflection
 
-from kubeplane import pki
+from kubeplane import metrics, pki
 from kubeplane.api import auth, errors, schema, transport, wire
 from kubeplane.api.backend import NodeBackend
 
@@ -166,10 +167,12 @@ class NodeAPIServer:
 
     def _unary_handler(self, call: wire.Call) -> Callable[[Any, Any], Awaitable[wire.Document]]:
         async def handle(request: wire.Document | wire.BadRequest, context: Any) -> wire.Document:
+            started = time.monotonic()
             try:
                 kwargs, role, nodes = self._prepare(call, request, context)
                 if nodes is None:
                     result = await self._local_unary(call, kwargs, role)
+                    metrics.observe_api_call(call.name, "OK", time.monotonic() - started)
                     return {"replies": [{"node": self.node, "result": result}]}
                 timeout = context.time_remaining() or FORWARD_TIMEOUT
                 replies = await asyncio.gather(
@@ -178,9 +181,11 @@ class NodeAPIServer:
                         for node in nodes
                     )
                 )
+                metrics.observe_api_call(call.name, "OK", time.monotonic() - started)
                 return {"replies": list(replies)}
             except Exception as exc:
                 failure = _failure(exc, node=self.node, call=call)
+            metrics.observe_api_call(call.name, failure.code, time.monotonic() - started)
             await self._abort(context, failure)
             raise AssertionError("unreachable: abort raises")
 
@@ -190,12 +195,15 @@ class NodeAPIServer:
         async def handle(
             request: wire.Document | wire.BadRequest, context: Any
         ) -> AsyncIterator[wire.Document]:
+            # Until the stream ends or fails, it is one whose caller went away (or was cancelled).
+            code = "CANCELLED"
             try:
                 kwargs, role, nodes = self._prepare(call, request, context)
                 if nodes is None:
                     async with closing(self._local_stream(call, kwargs, role)) as items:
                         async for item in items:
                             yield {"node": self.node, "result": item}
+                    code = "OK"
                     return
                 streams = [
                     self._node_stream(
@@ -206,9 +214,13 @@ class NodeAPIServer:
                 async with closing(_merge(streams)) as merged:
                     async for message in merged:
                         yield message
+                code = "OK"
                 return
             except Exception as exc:
                 failure = _failure(exc, node=self.node, call=call)
+                code = failure.code
+            finally:
+                metrics.observe_api_call(call.name, code, None)
             await self._abort(context, failure)
 
         return handle

@@ -21,8 +21,10 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import time
 from types import TracebackType
 
+from kubeplane import metrics
 from kubeplane.resources import EventKind, FellBehindError, Phase, State, Watch
 from kubeplane.runtime.context import ControllerLogger, ControllerTasks, ReconcileContext, controller_logger
 from kubeplane.runtime.controller import Controller, Input, InputKind, OutputKind
@@ -158,10 +160,12 @@ class Runtime:
                 requeue=functools.partial(self._requeue, entry),
                 tasks=entry.background,
             )
+            started = time.monotonic()
             try:
                 await controller.reconcile(ctx)
                 self._release_strong_inputs(ctx, controller)
             except Exception as exc:
+                metrics.observe_reconcile(controller.name, time.monotonic() - started, ok=False)
                 entry.logger.error("controller failed: %s", exc)
                 entry.logger.debug("controller failure traceback", exc_info=True)
                 with contextlib.suppress(TimeoutError):
@@ -169,6 +173,7 @@ class Runtime:
                 delay = min(delay * 2, self.backoff_max)
                 entry.wake.set()
                 continue
+            metrics.observe_reconcile(controller.name, time.monotonic() - started, ok=True)
             delay = self.backoff_initial
 
     def _requeue(self, entry: _Entry, seconds: float) -> None:

@@ -62,6 +62,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kubeplane import metrics
 from kubeplane.services import logs, process
 
 _log = logging.getLogger(__name__)
@@ -101,6 +102,9 @@ class ServiceState(enum.Enum):
     FINISHED = "Finished"
     FAILED = "Failed"
     SKIPPED = "Skipped"
+
+
+_STATE_NAMES = tuple(state.value for state in ServiceState)
 
 
 class RestartPolicy(enum.Enum):
@@ -274,6 +278,7 @@ class Supervisor:
             raise ServiceRegistrationError(
                 f"service {spec.id!r} would close a dependency cycle ({path}); remove one of these depends_on"
             )
+        metrics.set_service_state(spec.id, ServiceState.INITIALIZED.value, _STATE_NAMES)
         self._notify(self._services[spec.id])
 
     def ids(self) -> list[str]:
@@ -384,6 +389,7 @@ class Supervisor:
                 attempt = 0
             delay = spec.backoff.delay(attempt)
             attempt += 1
+            metrics.SERVICE_RESTARTS.labels(service=spec.id).inc()
             self._record(service, ServiceState.WAITING, f"Restarting in {delay:.2f}s (restart {attempt})")
             await asyncio.sleep(delay)
         await self._post_stop(service)
@@ -528,6 +534,7 @@ class Supervisor:
     def _record(self, service: _Service, state: ServiceState, message: str) -> None:
         service.state = state
         service.events.append(Event(state=state, message=message, timestamp=time.time()))
+        metrics.set_service_state(service.spec.id, state.value, _STATE_NAMES)
         _log.info("service %s: [%s] %s", service.spec.id, state.value, message)
         self._notify(service)
 
