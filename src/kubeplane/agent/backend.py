@@ -12,6 +12,7 @@ import base64
 import os
 import re
 import stat
+import time
 from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -191,6 +192,18 @@ class AgentBackend:
         check_log_id(service, self.known_logs(), node=self._node.name)
         async for line in self._node.logs(service=service, tail=tail, follow=follow):
             yield line
+
+    async def events(
+        self, *, since_seconds: int | None, tail: int | None, follow: bool
+    ) -> AsyncIterator[dict[str, Any]]:
+        events = self._node.events
+        since = time.time() - since_seconds if since_seconds is not None else None
+        if not follow:
+            for event in events.history(since=since, tail=tail):
+                yield event.as_dict()
+            return
+        async for event in events.follow(since=since, tail=tail):
+            yield event.as_dict()
 
     async def service_list(self) -> list[dict[str, Any]]:
         return self._node.service_list()

@@ -38,6 +38,7 @@ from kubeplane.agent import controllers, selfhosted
 from kubeplane.agent import services as node_services
 from kubeplane.agent.backend import AgentBackend
 from kubeplane.agent.etcd import EtcdMember, EtcdRefused
+from kubeplane.agent.events import EventLog
 from kubeplane.agent.services import NodeServices
 from kubeplane.agent.store import ConfigStore
 from kubeplane.api import trustd
@@ -120,6 +121,9 @@ class Node:
         self._lock = asyncio.Lock()
         self._stopped = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.events = EventLog()
+        # The last supervisor event reported per service (the observer sees every change).
+        self._reported: dict[str, supervisor.Event] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -131,11 +135,15 @@ class Node:
         """
         if await asyncio.to_thread(self.store.promote_staged):
             log.info("applied the machine config staged for this boot")
+            self.events.emit("config", "on-reboot", "applied the machine config staged for this boot")
         document = await asyncio.to_thread(self.store.current)
         if document is None:
             log.info(
                 "no machine config under %s: maintenance mode, waiting for apply-config --insecure",
                 self.paths.root,
+            )
+            self.events.emit(
+                "sequence", "maintenance", "no machine config: waiting for apply-config --insecure"
             )
             self._server = await api.serve_maintenance(
                 backend=self._backend, node=self.name, listen=self.listen
@@ -156,6 +164,7 @@ class Node:
         model = document.model
         hostname = model.machine.network.hostname if model.machine.network else None
         self.name = self._name_override or hostname or self._listen_host or socket.gethostname()
+        self.events.emit("sequence", "boot", f"booting as {model.machine.type}")
         state = resources.State(self.registry)
         self._publish_config(state, document)
         state.create(
@@ -164,7 +173,7 @@ class Node:
             catalog.NODE_ADDRESSES_ID,
             spec=catalog.NodeAddressesSpec(hostname=self.name, addresses=self._addresses()),
         )
-        runtime = Runtime(state)
+        runtime = Runtime(state, on_error=self._report_controller_error)
         for controller in controllers.for_node(paths=self.paths):
             runtime.register(controller)
         await runtime.start()
@@ -181,6 +190,7 @@ class Node:
                 node_ip=addresses[0] if addresses else "127.0.0.1",
                 state=state,
             )
+            services.supervisor.add_observer(self._report_service)
             await services.start()
             self.services = services
         credentials = None
@@ -205,9 +215,22 @@ class Node:
             await trustd_server.start(f"{self._listen_host or '0.0.0.0'}:{trustd.PORT}")  # noqa: S104
             self._trustd = trustd_server
         log.info("node %s booted as %s", self.name, model.machine.type)
+        self.events.emit("sequence", "boot", f"node {self.name} booted as {model.machine.type}")
+
+    def _report_controller_error(self, controller: str, error: Exception) -> None:
+        self.events.emit("controller", controller, f"reconcile failed: {error}")
+
+    def _report_service(self, snapshot: supervisor.ServiceSnapshot) -> None:
+        event = snapshot.last_event
+        if event is None or self._reported.get(snapshot.id) == event:
+            return
+        self._reported[snapshot.id] = event
+        self.events.emit("service", snapshot.id, f"[{event.state.value}] {event.message}")
 
     async def _halt(self) -> None:
         """Stop services (dependents first) then controllers; the API server stays up."""
+        if self._runtime is not None:
+            self.events.emit("sequence", "halt", "stopping services and controllers")
         if self.services is not None:
             await self.services.stop()
             self.services = None
@@ -387,6 +410,7 @@ class Node:
                 await self._save(new, then=functools.partial(self._after_reply, self._reboot))
                 result["message"] = "config applied; the node is rebooting to apply it"
             log.info("apply-config (%s): %s", mode, result["message"])
+            self.events.emit("config", mode, result["message"])
             return result
 
     async def _save(self, document: config.MachineConfig, *, then: Callable[[], None]) -> None:
@@ -422,6 +446,7 @@ class Node:
         await asyncio.to_thread(self.store.save, new)
         self._after_reply(self._leave_maintenance)
         result["message"] = "config applied; the node leaves maintenance mode and boots"
+        self.events.emit("config", "maintenance", result["message"])
         return result
 
     async def _leave_maintenance(self) -> None:
@@ -442,9 +467,11 @@ class Node:
     async def _reboot(self) -> None:
         async with self._lock:
             log.info("reboot: stopping services and controllers")
+            self.events.emit("sequence", "reboot", "rebooting")
             await self._halt()
             if await asyncio.to_thread(self.store.promote_staged):
                 log.info("reboot: applied the staged machine config")
+                self.events.emit("config", "on-reboot", "applied the machine config staged for this boot")
             if self._server is not None:
                 await self._server.stop(grace=1.0)
                 self._server = None
@@ -515,6 +542,7 @@ class Node:
         how = "from the snapshot" if snapshot is not None else "as a new single-member cluster"
         log.info("bootstrap: etcd starts %s", how)
         mode = "; self-hosted control plane follows" if self_hosted is not None else ""
+        self.events.emit("sequence", "bootstrap", f"etcd starts {how}{mode}")
         return {"message": f"bootstrap started on {self.name}: etcd starts {how}{mode}"}
 
     def _start_self_hosted(

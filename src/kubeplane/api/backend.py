@@ -78,6 +78,11 @@ class NodeBackend(Protocol):
         """Log lines of a service; the last ``tail`` lines (all if None), then new ones when following."""
         ...
 
+    def events(self, *, since_seconds: int | None, tail: int | None, follow: bool) -> AsyncIterator[Document]:
+        """The node's events (``{"id", "timestamp", "kind", "subject", "message"}``), oldest first:
+        those of the last ``since_seconds``, the last ``tail``, then new ones when following."""
+        ...
+
     async def service_list(self) -> list[Document]:
         """Services: ``{"id", "state", "health", "events": [...]}``."""
         ...

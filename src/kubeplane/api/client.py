@@ -221,6 +221,12 @@ class NodeClient:
         """Log lines of a service."""
         return self.stream("Logs", {"service": service, "tail": tail, "follow": follow})
 
+    def events(
+        self, *, since_seconds: int | None = None, tail: int | None = None, follow: bool = False
+    ) -> AsyncIterator[Reply[wire.Document]]:
+        """The node's events (service changes, config applies, controller errors, boot phases)."""
+        return self.stream("Events", {"since_seconds": since_seconds, "tail": tail, "follow": follow})
+
     async def service_list(self) -> list[Reply[list[wire.Document]]]:
         """Services with state, health and events."""
         return await self.call("ServiceList")

@@ -304,6 +304,12 @@ CALLS: tuple[Call, ...] = (
             Param("follow", bool, default=False),
         ),
     ),
+    Call(
+        "Events",
+        "events",
+        stream=True,
+        params=(Param("since_seconds", int), Param("tail", int), Param("follow", bool, default=False)),
+    ),
     Call("ServiceList", "service_list"),
     *(
         Call(

@@ -42,6 +42,7 @@ import kubeplane
 from kubeplane import config as machine_config
 from kubeplane import resources
 from kubeplane.api import NodeClient, Reply
+from kubeplane.cli import cluster as cluster_cli
 from kubeplane.cli import connect, output
 from kubeplane.resources import catalog
 
@@ -60,7 +61,7 @@ _registry = functools.cache(catalog.default_registry)
 
 def register(group: click.Group) -> None:
     """Add this family's commands to the root group."""
-    for command in (version, get, apply_config, edit, patch, read, ls, logs, service, reboot):
+    for command in (version, get, apply_config, edit, patch, read, ls, logs, events, service, reboot):
         group.add_command(command)
 
 
@@ -533,6 +534,51 @@ def logs(*, service_id: str, kubernetes: bool, follow: bool, tail: int | None) -
                     outcome.fail(reply.error, node=reply.node)
                 else:
                     click.echo(f"{output.node_label(reply.node, many)}{reply.result}")
+
+    connect.run(scenario(), target=target)
+    outcome.finish()
+
+
+EVENT_HEADERS = ("NODE", "ID", "TIME", "KIND", "SUBJECT", "MESSAGE")
+
+
+@click.command()
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new events (until interrupted).")
+@click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Only the last N events (per node).")
+@click.option("--since", metavar="DURATION", help="Only the events of the last DURATION: 90s, 5m, 1h.")
+@output.output_option
+def events(*, follow: bool, tail: int | None, since: str | None, fmt: output.Format) -> None:
+    """Print what happened on the nodes: service state changes, config applies, controller
+    errors and boot phases (maintenance, boot, reboot, bootstrap, halt), oldest first.
+
+    A node keeps its last 1000 events in memory; a restarted agent starts a new history. With
+    -n A,B the events of every node are printed as they arrive, labelled by node. -o json prints
+    one object per line: {"node", "id", "timestamp", "kind", "subject", "message"}.
+    """
+    since_seconds = int(cluster_cli.parse_duration(since)) if since is not None else None
+    target = connect.resolve(connect.options())
+    outcome = connect.Outcome()
+    rows = output.StreamingTable(EVENT_HEADERS)
+
+    async def scenario() -> None:
+        first = True
+        async with connect.client(target) as node_client:
+            stream = node_client.events(since_seconds=since_seconds, tail=tail, follow=follow)
+            async for reply in stream:
+                if reply.error is not None:
+                    outcome.fail(reply.error, node=reply.node)
+                    continue
+                event = {"node": reply.node, **(reply.result or {})}
+                if fmt == "table":
+                    cells = ("id", "timestamp", "kind", "subject", "message")
+                    row = [reply.node, *(str(event.get(key, "")) for key in cells)]
+                    row[2] = output.timestamp(event.get("timestamp"))
+                    click.echo(rows.row(row), nl=False)
+                elif fmt == "yaml":
+                    click.echo(("" if first else "---\n") + output.yaml_document(event), nl=False)
+                else:
+                    click.echo(output.json_line(event), nl=False)
+                first = False
 
     connect.run(scenario(), target=target)
     outcome.finish()

@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 from kubeplane import metrics
@@ -52,10 +53,19 @@ class _Entry:
 class Runtime:
     """Registers controllers, runs them, restarts failing ones with backoff (see module docstring)."""
 
-    def __init__(self, state: State, *, backoff_initial: float = 0.1, backoff_max: float = 30.0) -> None:
+    def __init__(
+        self,
+        state: State,
+        *,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 30.0,
+        on_error: Callable[[str, Exception], None] | None = None,
+    ) -> None:
         self.state = state
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
+        #: Called with the controller's name and the error each time a reconcile fails.
+        self.on_error = on_error
         self._entries: dict[str, _Entry] = {}
         self._started = False
 
@@ -167,6 +177,8 @@ class Runtime:
             except Exception as exc:
                 metrics.observe_reconcile(controller.name, time.monotonic() - started, ok=False)
                 entry.logger.error("controller failed: %s", exc)
+                if self.on_error is not None:
+                    self.on_error(controller.name, exc)
                 entry.logger.debug("controller failure traceback", exc_info=True)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(entry.wake.wait(), delay)

@@ -256,6 +256,8 @@ def read_calls(
         "ListDir": [{"path": "/", "recurse": False}]
         + [{"path": f"/{directory}", "recurse": True} for directory in machine.MACHINE_DIRS],
         "Logs": [{"service": log_id} for log_id in sorted(log_ids)],
+        # Every event the node kept: config applies, boot phases, controller errors.
+        "Events": [{}],
         "ResourceList": [{"type": t, "namespace": ns} for t in types for ns in namespaces()],
         "ResourceWatch": [{"type": t, "namespace": ns} for t in types for ns in namespaces()],
         "ResourceGet": [

@@ -135,6 +135,7 @@ def test_access_matrix() -> None:
         "ResourceWatch",
         "ListDir",
         "Logs",
+        "Events",
         "ServiceList",
     }
     for call in wire.CALLS:
