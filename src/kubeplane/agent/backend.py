@@ -265,6 +265,10 @@ class AgentBackend:
     async def kubeconfig(self) -> dict[str, Any]:
         return self._node.kubeconfig()
 
+    async def client_certificate(self, *, csr: str, roles: str, lifetime_seconds: int) -> dict[str, Any]:
+        chosen = [role.strip() for role in roles.split(",") if role.strip()]
+        return await self._node.client_certificate(csr=csr, roles=chosen, lifetime=lifetime_seconds)
+
     async def image_pull(self, *, image: str) -> dict[str, Any]:
         return await self._node.image_pull(image)
 

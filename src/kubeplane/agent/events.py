@@ -1,11 +1,12 @@
 """The node's event stream: what happened on this node, in order, for ``kubeplane events``.
 
-Four kinds of event, each with a subject and a one-line message:
+Five kinds of event, each with a subject and a one-line message:
 
 - ``sequence``: the node's own life (maintenance mode, boot, booted, reboot, halt, bootstrap);
 - ``config``: an applied or staged machine config (the mode and the outcome, never the content);
 - ``service``: a supervised service changing state (``etcd: [Running] Health check successful``);
-- ``controller``: a controller's reconcile failing (the error it logged).
+- ``controller``: a controller's reconcile failing (the error it logged);
+- ``pki``: a client certificate signed for a caller (its name, roles and expiry).
 
 :class:`EventLog` keeps the last :data:`CAPACITY` events in memory (a restarted agent starts a new
 history, as the original's did) with increasing ids, and lets any number of followers read the
@@ -23,7 +24,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
-Kind = Literal["sequence", "config", "service", "controller"]
+Kind = Literal["sequence", "config", "service", "controller", "pki"]
 
 #: How many events the node keeps.
 CAPACITY = 1000

@@ -23,6 +23,7 @@ import fcntl
 import functools
 import ipaddress
 import logging
+import re
 import socket
 import ssl
 import struct
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from kubeplane import api, config, pki, resources
 from kubeplane.agent import containers as node_containers
@@ -57,6 +60,10 @@ log = logging.getLogger("kubeplaned")
 _ACT_AFTER = 0.2
 #: Lifetime of an admin kubeconfig issued by the node when the secrets have none yet.
 _ADMIN_KUBECONFIG_LIFETIME = datetime.timedelta(days=365)
+#: Bounds of a client certificate's lifetime (``kubeplane config new --crt-ttl``), in seconds.
+MIN_CLIENT_LIFETIME = 60
+MAX_CLIENT_LIFETIME = 10 * 365 * 86400
+_CLIENT_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
 
 
 _SIOCGIFCONF = 0x8912
@@ -587,6 +594,61 @@ class Node:
                 yield chunk
         except client_errors.EtcdError as exc:
             raise api.UnavailableError(f"etcd on {self.name}: {exc}") from exc
+
+    async def client_certificate(self, *, csr: str, roles: Sequence[str], lifetime: int) -> dict[str, Any]:
+        """Sign a node API client certificate for ``csr`` with ``roles``, from the OS CA.
+
+        The key stays with the caller: only its CSR comes here. The certificate's subject is the
+        node's choice (the CSR's common name, checked, and exactly ``roles`` as organizations),
+        its only usage is client authentication, and ``roles`` may be admin and reader but never
+        the proxy role, which only nodes hold. Every certificate minted is logged and is an event.
+        """
+        wrong = sorted(set(roles) - set(api.auth.CALLER_ROLES))
+        if not roles or wrong:
+            raise api.InvalidArgumentError(
+                f"roles {', '.join(wrong) or '(none)'} cannot be granted: choose from "
+                f"{', '.join(api.auth.CALLER_ROLES)}",
+                fields=[("roles", "unknown or not grantable")],
+            )
+        if not MIN_CLIENT_LIFETIME <= lifetime <= MAX_CLIENT_LIFETIME:
+            raise api.InvalidArgumentError(
+                f"a client certificate lives between {MIN_CLIENT_LIFETIME}s and {MAX_CLIENT_LIFETIME}s, "
+                f"not {lifetime}s",
+                fields=[("lifetime_seconds", "out of range")],
+            )
+        document = await asyncio.to_thread(self.store.current)
+        ca = document.model.machine.ca if document is not None else None
+        if ca is None or not ca.key:
+            raise api.FailedPreconditionError(
+                f"node {self.name} holds no OS CA key (only control plane nodes do): ask a control plane node"
+            )
+        try:
+            request = x509.load_pem_x509_csr(csr.encode())
+            names = request.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+            common_name = str(names[0].value) if names else ""
+            if not _CLIENT_NAME.fullmatch(common_name):
+                raise api.InvalidArgumentError(
+                    "the CSR's common name must be 1-64 letters, digits, '.', '_', '@' or '-'",
+                    fields=[("csr", "bad common name")],
+                )
+            authority = pki.CertKey(cert=ca.crt_pem(), key=ca.key_pem())
+            cert = pki.sign_csr(
+                ca=authority,
+                csr=csr.encode(),
+                usages=("client",),
+                lifetime=datetime.timedelta(seconds=lifetime),
+                common_name=common_name,
+                organizations=tuple(roles),
+            )
+        except (ValueError, pki.PKIError) as exc:
+            raise api.InvalidArgumentError(f"cannot sign the CSR: {exc}", fields=[("csr", str(exc))]) from exc
+        info = pki.cert_info(cert)
+        until = info.not_after.isoformat(timespec="seconds")
+        granted = ", ".join(roles)
+        message = f"signed a client certificate for {common_name} with {granted}, valid until {until}"
+        log.info("%s", message)
+        self.events.emit("pki", "client-certificate", message)
+        return {"crt": cert.decode(), "ca": ca.crt_pem().decode()}
 
     def kubeconfig(self) -> dict[str, Any]:
         state = self.state

@@ -83,6 +83,11 @@ class NodeBackend(Protocol):
         those of the last ``since_seconds``, the last ``tail``, then new ones when following."""
         ...
 
+    async def client_certificate(self, *, csr: str, roles: str, lifetime_seconds: int) -> Document:
+        """Sign ``csr`` (PEM) as a node API client certificate with ``roles`` (comma-separated) from
+        the OS CA: ``{"crt", "ca"}``; FailedPreconditionError on a node without the CA key."""
+        ...
+
     async def service_list(self) -> list[Document]:
         """Services: ``{"id", "state", "health", "events": [...]}``."""
         ...

@@ -227,6 +227,15 @@ class NodeClient:
         """The node's events (service changes, config applies, controller errors, boot phases)."""
         return self.stream("Events", {"since_seconds": since_seconds, "tail": tail, "follow": follow})
 
+    async def client_certificate(
+        self, csr: bytes, *, roles: Sequence[str], lifetime_seconds: int
+    ) -> list[Reply[wire.Document]]:
+        """A client certificate for ``csr`` with ``roles``, signed by the node's OS CA (admin)."""
+        return await self.call(
+            "ClientCertificate",
+            {"csr": csr.decode(), "roles": ",".join(roles), "lifetime_seconds": lifetime_seconds},
+        )
+
     async def service_list(self) -> list[Reply[list[wire.Document]]]:
         """Services with state, health and events."""
         return await self.call("ServiceList")

@@ -339,6 +339,16 @@ CALLS: tuple[Call, ...] = (
     Call("EtcdForfeitLeadership", "etcd_forfeit_leadership", access="admin"),
     Call("EtcdSnapshot", "etcd_snapshot", stream=True, access="admin"),
     Call("Kubeconfig", "kubeconfig", access="admin"),
+    Call(
+        "ClientCertificate",
+        "client_certificate",
+        params=(
+            Param("csr", str, required=True, max_length=16384),
+            Param("roles", str, required=True, max_length=256),
+            Param("lifetime_seconds", int, required=True, minimum=1),
+        ),
+        access="admin",
+    ),
     Call("Containers", "containers", access="admin"),
     Call("ImagePull", "image_pull", params=(Param("image", str, required=True),), access="admin"),
     Call(

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from kubeplane import pki
+from kubeplane.cli import cluster as cluster_cli
 from kubeplane.cli import connect, output
 from kubeplane.config import client as client_config
 
@@ -129,6 +130,84 @@ def add(*, name: str, ca_path: str, crt_path: str, key_path: str) -> None:
     )
     _update(lambda current: client_config.add_context(current, name, new))
     click.echo(f"added context {name!r} and made it current")
+
+
+#: Role names `config new --roles` also accepts (the original's ``os:`` names and bare names).
+ROLE_ALIASES = {
+    alias: role
+    for role in (pki.ROLE_ADMIN, pki.ROLE_READER)
+    for alias in (role, role.partition(":")[2], "os:" + role.partition(":")[2])
+}
+
+
+def _roles(values: tuple[str, ...]) -> tuple[str, ...]:
+    chosen = _split(values)
+    unknown = [value for value in chosen if value not in ROLE_ALIASES]
+    if unknown or not chosen:
+        raise click.BadParameter(
+            f"{', '.join(unknown) or '(none)'}: choose from {', '.join(sorted(ROLE_ALIASES))}",
+            param_hint="--roles",
+        )
+    return tuple(dict.fromkeys(ROLE_ALIASES[value] for value in chosen))
+
+
+@config.command("new")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path), default="kubeplaneconfig")
+@click.option(
+    "--roles",
+    multiple=True,
+    default=("admin",),
+    show_default=True,
+    help="Roles of the new certificate, comma-separated or repeated: admin, reader "
+    "(also as kubeplane:admin or os:reader).",
+)
+@click.option(
+    "--crt-ttl",
+    default="8760h",
+    show_default=True,
+    metavar="DURATION",
+    help="How long the certificate is valid: 1h, 720h, 8760h ...",
+)
+@click.option(
+    "--name", "common_name", default="kubeplane-client", show_default=True, help="The client's name (CN)."
+)
+@click.option("--force", is_flag=True, help="Overwrite PATH if it exists.")
+def new(*, path: Path, roles: tuple[str, ...], crt_ttl: str, common_name: str, force: bool) -> None:
+    """Write a new client config to PATH whose certificate carries the chosen roles, signed by a
+    control plane node (-n NODE, one node) for the current context's endpoints and nodes.
+
+    The private key is made here and never leaves this machine: the node signs a CSR for it.
+    Give someone read-only access with `kubeplane config new --roles reader reader.config`.
+    """
+    chosen = _roles(roles)
+    lifetime = int(cluster_cli.parse_duration(crt_ttl))
+    if path.exists() and not force:
+        raise click.ClickException(f"{path} exists: pass --force to overwrite it")
+    target = connect.resolve(connect.options())
+    if len(target.nodes) > 1:
+        raise click.UsageError("config new asks one node to sign: pass a single -n NODE")
+    key = pki.generate_key()
+    try:
+        csr = pki.new_csr(key=key, common_name=common_name)
+    except pki.PKIError as exc:
+        raise click.BadParameter(str(exc), param_hint="--name") from exc
+    replies = connect.with_client(
+        target, lambda c: c.client_certificate(csr, roles=chosen, lifetime_seconds=lifetime)
+    )
+    signed = replies[0].unwrap()
+    context = client_config.Context.from_pem(
+        endpoints=target.endpoints,
+        nodes=target.nodes,
+        ca=str(signed["ca"]).encode(),
+        client=pki.CertKey(cert=str(signed["crt"]).encode(), key=key),
+    )
+    written = client_config.ClientConfig(context=target.context, contexts={target.context: context})
+    try:
+        client_config.save(written, path)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write client config {path}: {exc.strerror}") from exc
+    until = pki.cert_info(context.client.cert).not_after.isoformat(timespec="seconds")
+    click.echo(f"wrote {path}: context {target.context!r}, roles {', '.join(chosen)}, valid until {until}")
 
 
 @config.command()

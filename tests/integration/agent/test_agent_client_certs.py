@@ -1,0 +1,96 @@
+"""``kubeplane config new``: a control plane node signs a client certificate with the chosen roles
+for a key that never leaves the client; a reader config reads and cannot write; the proxy role and
+malformed requests are refused by the node itself."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import stat
+from typing import Any
+
+import pytest
+import yaml
+from agent_harness import API_PORT, Cluster, Generated
+
+from kubeplane import api, pki
+from kubeplane.config import client as client_config
+
+pytestmark = pytest.mark.integration
+
+PATCH = '[{"op": "add", "path": "/cluster/allowSchedulingOnMasters", "value": true}]'
+
+
+def admin_call(gen: Generated, address: str, request: dict[str, Any]) -> api.CallError:
+    """A raw ClientCertificate call as the admin; returns the error it must end with."""
+    context = client_config.current(client_config.load(gen.admin_config))[1]
+    credentials = api.Credentials(ca=context.ca_pem, cert=context.client.cert, key=context.client.key)
+
+    async def scenario() -> api.CallError:
+        async with api.NodeClient([f"{address}:{API_PORT}"], credentials=credentials) as client:
+            with pytest.raises(api.CallError) as refused:
+                await client.call("ClientCertificate", request)
+        return refused.value
+
+    return asyncio.run(scenario())
+
+
+def test_config_new_mints_a_reader_that_reads_and_cannot_write(cluster: Cluster) -> None:
+    agent = cluster.boot_agent()
+    path = cluster.tmp_path / "reader.config"
+    result = cluster.kp(
+        "-e", agent.address, "config", "new", str(path), "--roles", "os:reader", "--crt-ttl", "2h",
+        "--name", "auditor",
+    )  # fmt: skip
+    assert f"wrote {path}" in result.stdout and "kubeplane:reader" in result.stdout
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+    document = yaml.safe_load(path.read_text())
+    (context,) = document["contexts"].values()
+    info = pki.cert_info(base64.b64decode(context["crt"]))
+    assert (info.subject_cn, info.organizations) == ("auditor", (pki.ROLE_READER,))
+    assert info.extended_key_usages == ("client",)
+    assert 7100 <= info.lifetime.total_seconds() <= 7300 + 3600  # 2 h (plus the signer's backdating)
+    assert context["endpoints"] == [agent.address]
+
+    # Reads work, writes are refused by the node.
+    assert "MachineType" in cluster.kp("-e", agent.address, "get", "mt", config=path).stdout
+    refused = cluster.kp(
+        "-e", agent.address, "patch", "mc", "--immediate", "-p", PATCH, config=path, check=False
+    )
+    assert refused.returncode == 1 and "PERMISSION_DENIED" in refused.stderr + refused.stdout
+    # A reader cannot mint itself an admin.
+    escalate = cluster.kp(
+        "-e", agent.address, "config", "new", str(cluster.tmp_path / "admin2"), config=path, check=False
+    )
+    assert escalate.returncode == 1 and "PERMISSION_DENIED" in escalate.stderr + escalate.stdout
+    assert not (cluster.tmp_path / "admin2").exists()
+
+    # Re-running without --force keeps the file; the event log records each signature.
+    again = cluster.kp("-e", agent.address, "config", "new", str(path), check=False)
+    assert again.returncode == 1 and "exists" in again.stderr
+    events = cluster.kp("-e", agent.address, "events", "-o", "json").stdout
+    assert "signed a client certificate for auditor with kubeplane:reader" in events
+
+
+def test_the_node_refuses_the_proxy_role_bad_lifetimes_and_bad_csrs(cluster: Cluster) -> None:
+    agent = cluster.boot_agent()
+    csr = pki.new_csr(key=pki.generate_key(), common_name="mallory").decode()
+    good = {"csr": csr, "roles": pki.ROLE_READER, "lifetime_seconds": 3600}
+    for change, expected in (
+        ({"roles": api.ROLE_PROXY}, "cannot be granted"),
+        ({"roles": f"{pki.ROLE_READER},{api.ROLE_PROXY}"}, "cannot be granted"),
+        ({"roles": ""}, "cannot be granted"),
+        ({"lifetime_seconds": 10}, "between 60s"),
+        ({"lifetime_seconds": 20 * 365 * 86400}, "between 60s"),
+        ({"csr": "not a csr"}, "cannot sign the CSR"),
+        ({"csr": pki.new_csr(key=pki.generate_key(), common_name="a/b").decode()}, "common name"),
+    ):
+        error = admin_call(cluster.gen, agent.address, {**good, **change})
+        assert error.code == "INVALID_ARGUMENT", (change, error)
+        assert expected in error.message, (change, error.message)
+    # The CLI refuses unknown roles before asking anyone.
+    unknown = cluster.kp(
+        "-e", agent.address, "config", "new", str(cluster.tmp_path / "x"), "--roles", "proxy", check=False
+    )
+    assert unknown.returncode == 2 and "--roles" in unknown.stderr
