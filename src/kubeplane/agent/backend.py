@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import kubeplane
 from kubeplane import api, resources, runtime
+from kubeplane.agent import certs as node_certs
 from kubeplane.agent import etcd, owned, selfhosted, services
 
 if TYPE_CHECKING:
@@ -204,6 +205,10 @@ class AgentBackend:
             return
         async for event in events.follow(since=since, tail=tail):
             yield event.as_dict()
+
+    async def certificates(self) -> list[dict[str, Any]]:
+        found = await asyncio.to_thread(node_certs.scan, self._node.paths)
+        return [item.as_dict() for item in found]
 
     async def service_list(self) -> list[dict[str, Any]]:
         return self._node.service_list()

@@ -88,6 +88,11 @@ class NodeBackend(Protocol):
         the OS CA: ``{"crt", "ca"}``; FailedPreconditionError on a node without the CA key."""
         ...
 
+    async def certificates(self) -> list[Document]:
+        """The certificates the node keeps on disk: ``{"path", "what", "subject", "issuer",
+        "not_after", "is_ca"}`` (public parts only), soonest expiry first."""
+        ...
+
     async def service_list(self) -> list[Document]:
         """Services: ``{"id", "state", "health", "events": [...]}``."""
         ...

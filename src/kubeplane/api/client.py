@@ -236,6 +236,10 @@ class NodeClient:
             {"csr": csr.decode(), "roles": ",".join(roles), "lifetime_seconds": lifetime_seconds},
         )
 
+    async def certificates(self) -> list[Reply[list[wire.Document]]]:
+        """The certificates the node keeps on disk, soonest expiry first (public parts only)."""
+        return await self.call("Certificates", {})
+
     async def service_list(self) -> list[Reply[list[wire.Document]]]:
         """Services with state, health and events."""
         return await self.call("ServiceList")

@@ -311,6 +311,7 @@ CALLS: tuple[Call, ...] = (
         params=(Param("since_seconds", int), Param("tail", int), Param("follow", bool, default=False)),
     ),
     Call("ServiceList", "service_list"),
+    Call("Certificates", "certificates"),
     *(
         Call(
             f"Service{action.capitalize()}",

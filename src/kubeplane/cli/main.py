@@ -29,6 +29,7 @@ FAMILIES = (
     "kubeplane.cli.toolchain",
     "kubeplane.cli.upgrade",
     "kubeplane.cli.convert",
+    "kubeplane.cli.certs",
 )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from agent_harness import API_PORT, Cluster, Generated
+from agent_harness import API_PORT, Cluster, Generated, wait_for
 
 from kubeplane import api, pki
 from kubeplane.config import client as client_config
@@ -94,3 +94,32 @@ def test_the_node_refuses_the_proxy_role_bad_lifetimes_and_bad_csrs(cluster: Clu
         "-e", agent.address, "config", "new", str(cluster.tmp_path / "x"), "--roles", "proxy", check=False
     )
     assert unknown.returncode == 2 and "--roles" in unknown.stderr
+
+
+def test_certs_reports_node_and_client_certificates_and_flags_the_short_lived(cluster: Cluster) -> None:
+    agent = cluster.boot_agent()
+    short = cluster.tmp_path / "short.config"
+    cluster.kp("-e", agent.address, "config", "new", str(short), "--roles", "reader", "--crt-ttl", "2h")
+
+    def node_certificates() -> list[dict[str, Any]] | None:
+        result = cluster.kp("-e", agent.address, "certs", "-o", "json", config=short)
+        items = [yaml.safe_load(line) for line in result.stdout.splitlines()]
+        return items if any(item["node"] == agent.address for item in items) else None
+
+    items = wait_for(node_certificates, timeout=30, what="node certificates on disk", logs=cluster.logs)
+    on_node = [item for item in items if item["node"] == agent.address]
+    assert all(
+        item["path"].startswith(("/system/secrets/", "/etc/kubernetes/", "/var/lib/kubelet/pki/"))
+        for item in on_node
+    )
+    assert {"client certificate of context test-cluster", "OS CA of context test-cluster"} <= {
+        item["what"] for item in items if item["node"] == "(client config)"
+    }
+    assert [item["not_after"] for item in items] == sorted(item["not_after"] for item in items)
+    assert "PRIVATE KEY" not in str(items)
+
+    # The 2 h certificate is flagged in the table and counted in the warning.
+    result = cluster.kp("-e", agent.address, "certs", config=short)
+    flagged = [line for line in result.stdout.splitlines() if " RENEW " in line]
+    assert len(flagged) == 1 and "kubeplane-client" in flagged[0], result.stdout
+    assert "warning: 0 certificate(s) expired and 1 expire within 720h" in result.stderr

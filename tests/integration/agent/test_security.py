@@ -258,6 +258,8 @@ def read_calls(
         "Logs": [{"service": log_id} for log_id in sorted(log_ids)],
         # Every event the node kept: config applies, boot phases, controller errors.
         "Events": [{}],
+        # Subjects, issuers and expiries of the node's certificates (never their keys).
+        "Certificates": [{}],
         "ResourceList": [{"type": t, "namespace": ns} for t in types for ns in namespaces()],
         "ResourceWatch": [{"type": t, "namespace": ns} for t in types for ns in namespaces()],
         "ResourceGet": [

@@ -136,6 +136,7 @@ def test_access_matrix() -> None:
         "ListDir",
         "Logs",
         "Events",
+        "Certificates",
         "ServiceList",
     }
     for call in wire.CALLS:
