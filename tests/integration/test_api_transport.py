@@ -100,7 +100,9 @@ class FakeNode:
         finally:
             self.watches_closed += 1
 
-    async def apply_configuration(self, *, data: str, mode: str, dry_run: bool) -> dict[str, Any]:
+    async def apply_configuration(
+        self, *, data: str, mode: str, dry_run: bool, try_seconds: int | None = None
+    ) -> dict[str, Any]:
         if not data.startswith("version:"):
             raise api.InvalidArgumentError("invalid machine config", fields=[("version", "required")])
         if not dry_run:

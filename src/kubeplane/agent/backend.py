@@ -131,8 +131,15 @@ class AgentBackend:
 
     # -- configuration ------------------------------------------------------------------------
 
-    async def apply_configuration(self, *, data: str, mode: str, dry_run: bool) -> dict[str, Any]:
-        return await self._node.apply_configuration(data=data, mode=mode, dry_run=dry_run)
+    async def apply_configuration(
+        self, *, data: str, mode: str, dry_run: bool, try_seconds: int | None = None
+    ) -> dict[str, Any]:
+        return await self._node.apply_configuration(
+            data=data,
+            mode=mode,
+            dry_run=dry_run,
+            try_seconds=try_seconds,
+        )
 
     async def machine_config(self) -> dict[str, Any]:
         current = await asyncio.to_thread(self._node.store.current)

@@ -60,6 +60,8 @@ log = logging.getLogger("kubeplaned")
 _ACT_AFTER = 0.2
 #: Lifetime of an admin kubeconfig issued by the node when the secrets have none yet.
 _ADMIN_KUBECONFIG_LIFETIME = datetime.timedelta(days=365)
+#: How long a config applied with ``--mode try`` waits for its confirmation by default.
+DEFAULT_TRY_SECONDS = 60
 #: Bounds of a client certificate's lifetime (``kubeplane config new --crt-ttl``), in seconds.
 MIN_CLIENT_LIFETIME = 60
 MAX_CLIENT_LIFETIME = 10 * 365 * 86400
@@ -129,6 +131,8 @@ class Node:
         self._stopped = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self.events = EventLog()
+        # A config applied with --mode try: the task that rolls it back unless confirmed.
+        self._trial: asyncio.Task[None] | None = None
         # The last supervisor event reported per service (the observer sees every change).
         self._reported: dict[str, supervisor.Event] = {}
 
@@ -236,6 +240,7 @@ class Node:
 
     async def _halt(self) -> None:
         """Stop services (dependents first) then controllers; the API server stays up."""
+        self._end_trial()  # the node comes back with its saved config: nothing to roll back
         if self._runtime is not None:
             self.events.emit("sequence", "halt", "stopping services and controllers")
         if self.services is not None:
@@ -368,8 +373,15 @@ class Node:
             return None
         return document.model.cluster.api_server_image.rpartition(":")[2]
 
-    async def apply_configuration(self, *, data: str, mode: str, dry_run: bool) -> dict[str, Any]:
-        """Validate ``data`` and apply it in ``mode`` (see the module docstring)."""
+    async def apply_configuration(
+        self, *, data: str, mode: str, dry_run: bool, try_seconds: int | None = None
+    ) -> dict[str, Any]:
+        """Validate ``data`` and apply it in ``mode`` (see the module docstring).
+
+        ``try`` applies live like ``immediate`` but saves nothing: unless another apply confirms
+        it within ``try_seconds`` (applying it with ``--immediate`` saves it), the node goes back
+        to its saved config, as it would after a restart meanwhile.
+        """
         try:
             # Parsing a big document takes seconds; in a thread, the node serves meanwhile.
             new = await asyncio.to_thread(config.load, data)
@@ -379,12 +391,17 @@ class Node:
                 fields=[(error.path, error.message) for error in exc.errors],
             ) from exc
         async with self._lock:
+            if self.maintenance and mode == "try":
+                raise api.FailedPreconditionError(
+                    "--mode try needs a booted node: a node in maintenance mode has no config to go back to"
+                )
             if self.maintenance:
                 return await self._apply_in_maintenance(new, dry_run=dry_run)
             old = await asyncio.to_thread(self.store.current)
             assert old is not None  # booted nodes always have a config
             if mode == "no-reboot":
                 mode = "immediate"
+            trying = self._end_trial() if not dry_run else self._trial is not None
             allowed = config.allowed_modes(old, new)
             result: dict[str, Any] = {
                 "mode": mode,
@@ -392,17 +409,38 @@ class Node:
                 "allowed_modes": list(allowed.modes),
                 "changed": list(allowed.changed),
             }
-            refusal = allowed.refusal(mode)  # type: ignore[arg-type]
+            refusal = allowed.refusal("immediate" if mode == "try" else mode)  # type: ignore[arg-type]
             if refusal is not None:
-                raise api.FailedPreconditionError(refusal)
+                if trying and not dry_run:
+                    self._publish_current(old)  # the refused apply still ends the trial
+                raise api.FailedPreconditionError(
+                    refusal if mode != "try" else f"--mode try applies live, like --immediate: {refusal}"
+                )
             if dry_run:
                 result["message"] = f"dry run: the change would be applied in mode {mode!r}; nothing changed"
                 return result
             if allowed.unchanged and mode != "on-reboot":
-                result["message"] = "config unchanged, nothing to apply"
+                if trying:
+                    self._publish_current(old)
+                    result["message"] = "the tried config is dropped: back to the saved config"
+                else:
+                    result["message"] = "config unchanged, nothing to apply"
+                self.events.emit("config", mode, result["message"])
                 return result
-            if mode == "on-reboot":
+            if mode == "try":
+                self._publish_current(new)
+                seconds = try_seconds or DEFAULT_TRY_SECONDS
+                self._trial = asyncio.get_running_loop().create_task(self._roll_back_after(seconds, old))
+                self._tasks.add(self._trial)
+                self._trial.add_done_callback(self._tasks.discard)
+                result["message"] = (
+                    f"config applied for a try: rolled back in {seconds}s unless applied again "
+                    "with --immediate (nothing saved until then)"
+                )
+            elif mode == "on-reboot":
                 await asyncio.to_thread(self.store.stage, new)
+                if trying:
+                    self._publish_current(old)  # staging ends the trial: the saved config runs
                 result["message"] = "config staged; it takes effect at the next reboot"
             elif mode == "immediate":
                 await self._save(new, then=functools.partial(self._publish_current, new))
@@ -419,6 +457,25 @@ class Node:
             log.info("apply-config (%s): %s", mode, result["message"])
             self.events.emit("config", mode, result["message"])
             return result
+
+    def _end_trial(self) -> bool:
+        """Cancel a pending try rollback; whether one was pending (the caller settles the state)."""
+        trial, self._trial = self._trial, None
+        if trial is None:
+            return False
+        trial.cancel()
+        return True
+
+    async def _roll_back_after(self, seconds: float, saved: config.MachineConfig) -> None:
+        await asyncio.sleep(seconds)
+        async with self._lock:
+            if self._trial is not asyncio.current_task():
+                return  # another apply ended the trial while this waited for the lock
+            self._trial = None
+            self._publish_current(saved)
+        message = f"the tried config was not confirmed within {seconds:g}s: rolled back to the saved config"
+        log.info("apply-config (try): %s", message)
+        self.events.emit("config", "try", message)
 
     async def _save(self, document: config.MachineConfig, *, then: Callable[[], None]) -> None:
         """Persist ``document`` as the applied config, drop a staged one, then call ``then``.

@@ -53,8 +53,11 @@ class NodeBackend(Protocol):
         """Current state then changes: ``{"event": "created|updated|destroyed|...", "resource": {...}}``."""
         ...
 
-    async def apply_configuration(self, *, data: str, mode: str, dry_run: bool) -> Document:
-        """Validate and apply a machine config in ``mode`` (one of :data:`~kubeplane.api.wire.APPLY_MODES`).
+    async def apply_configuration(
+        self, *, data: str, mode: str, dry_run: bool, try_seconds: int | None = None
+    ) -> Document:
+        """Validate and apply a machine config in ``mode`` (one of :data:`~kubeplane.api.wire.APPLY_MODES`;
+        ``try`` rolls back after ``try_seconds`` unless applied again).
 
         Returns ``{"mode": used, "diff": unified diff, "message": what happened}``; a mode the change
         does not allow raises FailedPreconditionError, an invalid config InvalidArgumentError with

@@ -195,12 +195,13 @@ class NodeClient:
         return self.stream("ResourceWatch", {"type": type, "namespace": namespace, "id": id})
 
     async def apply_configuration(
-        self, data: str, *, mode: str = "reboot", dry_run: bool = False
+        self, data: str, *, mode: str = "reboot", dry_run: bool = False, try_seconds: int | None = None
     ) -> list[Reply[wire.Document]]:
         """Apply a machine config; results are ``{"mode", "diff", "message"}``."""
-        return await self.call(
-            "ApplyConfiguration", {"data": data, "mode": mode, "dry_run": dry_run}, timeout=APPLY_TIMEOUT
-        )
+        request: dict[str, Any] = {"data": data, "mode": mode, "dry_run": dry_run}
+        if try_seconds is not None:
+            request["try_seconds"] = try_seconds
+        return await self.call("ApplyConfiguration", request, timeout=APPLY_TIMEOUT)
 
     async def machine_config(self) -> list[Reply[wire.Document]]:
         """``{"current", "staged"}`` machine config YAML (admin only)."""

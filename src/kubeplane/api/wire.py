@@ -250,7 +250,7 @@ class Call:
         return f"/{LEGACY_SERVICE}/{self.name}"
 
 
-APPLY_MODES = ("reboot", "immediate", "on-reboot", "no-reboot")
+APPLY_MODES = ("reboot", "immediate", "on-reboot", "no-reboot", "try")
 SERVICE_ACTIONS = ("start", "stop", "restart")
 
 _TYPE = Param("type", str, required=True)
@@ -279,6 +279,7 @@ CALLS: tuple[Call, ...] = (
             Param("data", str, required=True, max_length=None),
             Param("mode", str, default="reboot", choices=APPLY_MODES),
             Param("dry_run", bool, default=False),
+            Param("try_seconds", int, minimum=1, maximum=3600),
         ),
         access="admin",
         maintenance=True,

@@ -72,6 +72,22 @@ def _mode_options(function: F) -> F:
     function = click.option(
         "--on-reboot", is_flag=True, help="Stage the config; it takes effect at the next reboot."
     )(function)
+    function = click.option(
+        "--timeout",
+        "try_timeout",
+        default="1m",
+        show_default=True,
+        metavar="DURATION",
+        help="With --mode try: how long the node waits for the config to be applied again "
+        "(--immediate) before it rolls back (1s to 1h).",
+    )(function)
+    function = click.option(
+        "--mode",
+        "mode_name",
+        type=click.Choice(("reboot", "immediate", "on-reboot", "try")),
+        help="The apply mode by name (instead of --immediate / --on-reboot). try: apply live "
+        "without saving, and roll back unless applied again within --timeout.",
+    )(function)
     return click.option(
         "--immediate",
         is_flag=True,
@@ -79,10 +95,27 @@ def _mode_options(function: F) -> F:
     )(function)
 
 
-def _mode(immediate: bool, on_reboot: bool) -> str:
-    if immediate and on_reboot:
-        raise click.UsageError("--immediate and --on-reboot exclude each other: choose one")
-    return "immediate" if immediate else "on-reboot" if on_reboot else "reboot"
+@dataclasses.dataclass(frozen=True)
+class _ApplyMode:
+    """The mode an apply asks for, and for ``try`` the seconds until the node rolls back."""
+
+    name: str
+    try_seconds: int | None = None
+
+
+def _mode(immediate: bool, on_reboot: bool, mode_name: str | None, try_timeout: str) -> _ApplyMode:
+    chosen = [name for name, given in (("--immediate", immediate), ("--on-reboot", on_reboot)) if given]
+    if mode_name is not None:
+        chosen.append(f"--mode {mode_name}")
+    if len(chosen) > 1:
+        raise click.UsageError(f"{' and '.join(chosen)} exclude each other: choose one")
+    name = mode_name or ("immediate" if immediate else "on-reboot" if on_reboot else "reboot")
+    if name != "try":
+        return _ApplyMode(name)
+    seconds = int(cluster_cli.parse_duration(try_timeout))
+    if not 1 <= seconds <= 3600:
+        raise click.BadParameter("must be between 1s and 1h", param_hint="--timeout")
+    return _ApplyMode(name, seconds)
 
 
 def _many(target: connect.Target | None, replies: Sequence[object] = ()) -> bool:
@@ -245,9 +278,18 @@ async def _watch(
 )
 @click.option("--insecure", is_flag=True, help="Send to nodes in maintenance mode (no client certificate).")
 @_mode_options
-def apply_config(*, path: str, insecure: bool, immediate: bool, on_reboot: bool, dry_run: bool) -> None:
+def apply_config(
+    *,
+    path: str,
+    insecure: bool,
+    immediate: bool,
+    on_reboot: bool,
+    mode_name: str | None,
+    try_timeout: str,
+    dry_run: bool,
+) -> None:
     """Apply a machine config to the nodes."""
-    mode = _mode(immediate, on_reboot)
+    mode = _mode(immediate, on_reboot, mode_name, try_timeout)
     try:
         data = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -269,9 +311,11 @@ def apply_config(*, path: str, insecure: bool, immediate: bool, on_reboot: bool,
 
 
 def _apply_call(
-    data: str, *, mode: str, dry_run: bool
+    data: str, *, mode: _ApplyMode, dry_run: bool
 ) -> Callable[[NodeClient], Awaitable[list[Reply[Any]]]]:
-    return lambda node_client: node_client.apply_configuration(data, mode=mode, dry_run=dry_run)
+    return lambda node_client: node_client.apply_configuration(
+        data, mode=mode.name, dry_run=dry_run, try_seconds=mode.try_seconds
+    )
 
 
 def _print_applied(replies: list[Reply[Any]], outcome: connect.Outcome, *, dry_run: bool, many: bool) -> None:
@@ -344,11 +388,13 @@ def patch(
     patch_file: str | None,
     immediate: bool,
     on_reboot: bool,
+    mode_name: str | None,
+    try_timeout: str,
     dry_run: bool,
 ) -> None:
     """Patch each node's machine config; nothing is applied anywhere if the patch fails for any node."""
     _require_machine_config(type_name, "patch")
-    mode = _mode(immediate, on_reboot)
+    mode = _mode(immediate, on_reboot, mode_name, try_timeout)
     text = _read_patch(patch_text, patch_file)
     target = connect.resolve(connect.options())
     outcome = connect.Outcome()
@@ -374,10 +420,18 @@ def patch(
 @click.command()
 @click.argument("type_name", metavar="mc")
 @_mode_options
-def edit(*, type_name: str, immediate: bool, on_reboot: bool, dry_run: bool) -> None:
+def edit(
+    *,
+    type_name: str,
+    immediate: bool,
+    on_reboot: bool,
+    mode_name: str | None,
+    try_timeout: str,
+    dry_run: bool,
+) -> None:
     """Edit each node's machine config in an editor and apply it."""
     _require_machine_config(type_name, "edit")
-    mode = _mode(immediate, on_reboot)
+    mode = _mode(immediate, on_reboot, mode_name, try_timeout)
     target = connect.resolve(connect.options())
     outcome = connect.Outcome()
     for config in _current_configs(target, outcome):
@@ -386,7 +440,7 @@ def edit(*, type_name: str, immediate: bool, on_reboot: bool, dry_run: bool) -> 
 
 
 def _edit_node(
-    target: connect.Target, config: _NodeConfig, *, mode: str, dry_run: bool, outcome: connect.Outcome
+    target: connect.Target, config: _NodeConfig, *, mode: _ApplyMode, dry_run: bool, outcome: connect.Outcome
 ) -> None:
     text, header = config.current, ""
     while True:

@@ -158,6 +158,21 @@ def test_expired_certificate_is_refused(cluster: Cluster, tmp_path: Path) -> Non
     assert_changes_refused(cluster, agent, config, changed_config(cluster, tmp_path))
     assert cluster.kp("-e", agent.address, "get", "mt", config=config, check=False).returncode == 1
 
+    # Renewed with the "Managing PKI" guide's commands, from the OS CA in the machine config.
+    (directory / "ca.crt").write_bytes(ca_crt)
+    (directory / "ca.key").write_bytes(ca_key)
+    for command in (
+        ("gen", "key", "--name", "admin"),
+        ("gen", "csr", "--key", "admin.key", "--ip", "127.0.0.1"),
+        ("gen", "crt", "--ca", "ca", "--csr", "admin.csr", "--name", "admin"),
+    ):
+        cluster.kp(*command, config=None, cwd=directory)
+    cluster.kp(
+        "config", "add", "renewed", "--ca", "ca.crt", "--crt", "admin.crt", "--key", "admin.key",
+        config=config, cwd=directory,
+    )  # fmt: skip
+    assert "MachineType" in cluster.kp("-e", agent.address, "get", "mt", config=config).stdout
+
 
 def test_reader_reads_state_but_no_secrets_and_changes_nothing(cluster: Cluster, tmp_path: Path) -> None:
     agent = cluster.boot_agent()

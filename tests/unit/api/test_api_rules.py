@@ -53,6 +53,7 @@ def test_validate_fills_defaults_and_adds_fixed_arguments() -> None:
         "data": "x",
         "mode": "reboot",
         "dry_run": False,
+        "try_seconds": None,
     }
 
 

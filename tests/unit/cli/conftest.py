@@ -63,6 +63,7 @@ class FakeNode:
     staged: str | None = None
     calls: list[str] = field(default_factory=list)
     applied: list[tuple[str, str]] = field(default_factory=list)
+    try_seconds: list[int | None] = field(default_factory=list)
     resources: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     #: Events the watch sends after the initial state, then the watch ends (so the CLI returns).
     watch_events: list[dict[str, Any]] = field(default_factory=list)
@@ -153,7 +154,10 @@ class FakeNode:
         for event in self.watch_events:
             yield event
 
-    async def apply_configuration(self, *, data: str, mode: str, dry_run: bool) -> dict[str, Any]:
+    async def apply_configuration(
+        self, *, data: str, mode: str, dry_run: bool, try_seconds: int | None = None
+    ) -> dict[str, Any]:
+        self.try_seconds.append(try_seconds)
         try:
             new = config.load(data)
         except config.ConfigError as exc:

@@ -149,6 +149,22 @@ def test_patch_immediate_applies_to_every_node(three: Cluster, tmp_path: Path) -
         assert [mode for mode, _ in node.applied] == ["immediate"]
 
 
+def test_patch_in_mode_try_sends_the_timeout_and_conflicting_modes_are_refused(cluster: Cluster) -> None:
+    node = cluster.nodes[0]
+    result = cluster.run("patch", "mc", "--mode", "try", "--timeout", "90s", "-p", CLUSTER_PATCH)
+    assert result.exit_code == 0, result.stderr
+    assert [mode for mode, _ in node.applied] == ["try"]
+    assert node.try_seconds == [90]
+    # The other modes send no timeout; --mode by name is the same as its flag.
+    assert cluster.run("patch", "mc", "--mode", "immediate", "-p", CLUSTER_PATCH).exit_code == 0
+    assert node.try_seconds == [90, None]
+    both = cluster.run("patch", "mc", "--mode", "try", "--immediate", "-p", CLUSTER_PATCH)
+    assert both.exit_code == 2 and "--immediate and --mode try exclude each other" in both.stderr
+    too_long = cluster.run("patch", "mc", "--mode", "try", "--timeout", "2h", "-p", CLUSTER_PATCH)
+    assert too_long.exit_code == 2 and "--timeout" in too_long.stderr
+    assert len(node.applied) == 2
+
+
 @pytest.mark.parametrize("how", ["-p @file", "--patch-file", "machineconfig alias"])
 def test_patch_sources_and_aliases(cluster: Cluster, tmp_path: Path, how: str) -> None:
     patch_file = write(tmp_path, "patch.json", CLUSTER_PATCH)
