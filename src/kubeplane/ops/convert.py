@@ -42,7 +42,7 @@ from kubernetes import client as k8s_client
 from kubeplane import config as machine_config
 from kubeplane import pki, retry
 from kubeplane.clients import kube as kube_client
-from kubeplane.ops import plan as plan_module
+from kubeplane import plan as plan_module
 from kubeplane.ops.errors import NodeUnavailable, OpsError, PreflightError, WaitTimeout
 
 COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from kubeplane.ops import plan
+from kubeplane import plan
 
 pytestmark = pytest.mark.unit
 
