@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import shlex
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -329,19 +328,14 @@ def local_rotation(addresses: Sequence[str]) -> HAProxyRotation | None:
 
 def resume_command(*, options: upgrade.Options, endpoint: str | None, kubeconfig: str | None) -> str:
     """The command that continues this upgrade (the same one, whatever order the flags came in)."""
-    obj = connect.options()
-    words = ["kubeplane"]
-    words += ["--context", obj.context] if obj.context else []
-    words += ["-e", ",".join(obj.endpoints)] if obj.endpoints else []
-    words += ["-n", ",".join(obj.nodes)] if obj.nodes else []
-    words += ["upgrade-k8s", *(["--from", options.source] if options.source else []), "--to", options.to]
+    words = ["upgrade-k8s", *(["--from", options.source] if options.source else []), "--to", options.to]
     words += ["--endpoint", endpoint] if endpoint else []
     words += ["--kubeconfig", kubeconfig] if kubeconfig else []
     words += [] if options.pre_pull else ["--no-pre-pull"]
     words += ["--upgrade-kubelet"] if options.upgrade_kubelet else []
     words += ["--sync-manifests"] if options.sync_manifests else []
     words += ["--allow-downgrade"] if options.allow_downgrade else []
-    return shlex.join(words)
+    return connect.command_line(*words)
 
 
 def with_server(kubeconfig_text: str, endpoint: str | None) -> str:

@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from kubeplane import config as machine_config
+from kubeplane import plan as plan_module
 from kubeplane import retry
 from kubeplane.clients import kube as kube_client
-from kubeplane import plan as plan_module
 from kubeplane.ops.errors import OpsError, PreflightError, WaitTimeout
 from kubeplane.ops.upgrade import (
     APISERVER,
