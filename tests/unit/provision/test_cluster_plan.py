@@ -113,15 +113,22 @@ def test_mistakes_are_plan_errors(
     assert message in str(caught.value)
 
 
-def test_cli_bad_patch_fails_before_any_side_effect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _forbid(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *names: str) -> None:
+    """State and client config under ``tmp_path``; ``names`` of the create module and the network
+    creation fail the test when called."""
     monkeypatch.setenv("KUBEPLANE_STATE", str(tmp_path / "state"))
     monkeypatch.setenv("KUBEPLANECONFIG", str(tmp_path / "config"))
 
     def forbidden(*args: object, **kwargs: object) -> None:
-        raise AssertionError("create must not run when the request is invalid")
+        raise AssertionError("nothing on the host may change here")
 
-    monkeypatch.setattr(create_mod, "Creation", forbidden)
+    for name in names:
+        monkeypatch.setattr(create_mod, name, forbidden)
     monkeypatch.setattr(create_mod.netns, "create", forbidden)
+
+
+def test_cli_bad_patch_fails_before_any_side_effect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _forbid(monkeypatch, tmp_path, "Creation")
     result = CliRunner().invoke(
         cluster_cli.cluster,
         [
@@ -141,14 +148,7 @@ def test_cli_bad_patch_fails_before_any_side_effect(tmp_path: Path, monkeypatch:
 def test_cli_dry_run_prints_every_creation_step_and_creates_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("KUBEPLANE_STATE", str(tmp_path / "state"))
-    monkeypatch.setenv("KUBEPLANECONFIG", str(tmp_path / "config"))
-
-    def forbidden(*args: object, **kwargs: object) -> None:
-        raise AssertionError("a dry run must not touch the host")
-
-    monkeypatch.setattr(create_mod, "preflight", forbidden)
-    monkeypatch.setattr(create_mod.netns, "create", forbidden)
+    _forbid(monkeypatch, tmp_path, "preflight")
     result = CliRunner().invoke(
         cluster_cli.cluster,
         ["create", "--name", "demo", "--controlplanes", "3", "--workers", "1", "--dry-run"],
