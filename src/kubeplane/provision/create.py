@@ -108,7 +108,7 @@ def preflight(
 
 @dataclasses.dataclass(frozen=True)
 class CreatedCluster:
-    """What :func:`create` made that the caller needs next (waits, printing)."""
+    """What a :class:`Creation` made that the caller needs next (waits, printing)."""
 
     name: str
     directory: Path
