@@ -64,7 +64,9 @@ class Display:
         self._live_view = self._console.is_terminal if live is None else live
         self._clock = clock
         self._live: Live | None = None
-        self._current: tuple[str, float] | None = None
+        #: Headline and start time of each running step, innermost last (a registry step builds
+        #: the checkpointer image in steps of its own).
+        self._running: list[tuple[str, float]] = []
         self._waiting = ""
         self._last: tuple[str, float] | None = None
 
@@ -76,7 +78,8 @@ class Display:
         if not self._live_view:
             click.echo(line, err=True)
             return
-        self._current, self._waiting = (line, self._clock()), ""
+        self._running.append((line, self._clock()))
+        self._waiting = ""
         if self._live is None:
             self._live = Live(
                 self._status(),
@@ -142,16 +145,18 @@ class Display:
     # -- the live view --
 
     def _line(self, step: plan_module.Step, index: int) -> str:
-        return self._current[0] if self._current is not None else headline(index, 0, step)
+        return self._running[-1][0] if self._running else headline(index, 0, step)
 
     def _done(self, line: Text) -> None:
-        self._current = None
+        if self._running:
+            self._running.pop()
+        self._waiting = ""
         self._console.print(line)
 
     def _status(self) -> Group:
-        if self._current is None:
+        if not self._running:
             return Group()
-        line, started = self._current
+        line, started = self._running[-1]
         spinner = Spinner("dots", text=Text(f"{line}  {self._clock() - started:.0f}s"))
         return (
             Group(spinner, Text(f"    {self._waiting}", style="yellow")) if self._waiting else Group(spinner)

@@ -69,3 +69,20 @@ def test_the_live_view_keeps_one_line_per_finished_step_and_pauses_for_prompts()
     assert "patched the image" in text and "confirm? [yes/no]: yes" in text
     assert "✓ [1/2] static-pod kube-apiserver on node 10.5.0.2: r/a:v2  done (3.0s)" in text
     assert "✗ [2/2] static-pod kube-apiserver on node 10.5.0.2: r/a:v2  FAILED (1.0s)" in text
+
+
+def test_a_step_within_a_step_keeps_the_outer_headline_in_the_live_view() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120, color_system=None)
+    shown = progress.Display(console=console, live=True)
+    outer = plan.Step("start", "registry", "", "", "http://10.5.0.1:6000")
+    shown.step_started(4, 10, outer)
+    shown.step_started(
+        1, 0, plan.Step("image", "checkpointer-verify", "", "", "/cache", place="on this host")
+    )
+    shown.step_finished(1, STEP, plan.SKIPPED, 0.0)
+    shown.step_finished(4, outer, plan.CHANGED, 2.0)
+    shown.close()
+    text = out.getvalue()
+    assert "- [1] image checkpointer-verify on this host: /cache  already at target, skipped (0.0s)" in text
+    assert "✓ [4/10] start registry cluster-wide: http://10.5.0.1:6000  done (2.0s)" in text
