@@ -152,6 +152,9 @@ class Display:
             self._running.pop()
         self._waiting = ""
         self._console.print(line)
+        if not self._running:
+            # Live only while a step runs: what the command prints between steps stays clean.
+            self.close()
 
     def _status(self) -> Group:
         if not self._running:
