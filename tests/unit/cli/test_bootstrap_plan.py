@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
-from conftest import Cluster
+
+if TYPE_CHECKING:
+    from conftest import Cluster
 
 pytestmark = pytest.mark.unit
 
