@@ -52,11 +52,12 @@ OPENSSL_CA = ("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramg
 FIRST_PROMPT = "confirm disabling pod-checkpointer to proceed with control plane update [yes/no]:"
 
 #: Output lines after which a run is SIGKILLed, in the order the conversion reaches them.
+#: Lines of the progress display (`` > `` is what happens inside a step) a run is killed at.
 KILL_POINTS = {
-    "after config patch": "waiting for static pod definitions to be generated",
-    "after checkpointer deletion": "waiting for pod-checkpointer pods to terminate",
-    "after key removal": 'waiting for static pods for "kube-apiserver"',
-    "between DaemonSet deletions": 'deleting daemonset "kube-scheduler"',
+    "after config patch": " > waiting for static pod definitions to be generated",
+    "after checkpointer deletion": " > waiting for pod-checkpointer pods to terminate",
+    "after key removal": ' > waiting for static pods for "kube-apiserver"',
+    "between DaemonSet deletions": ' > deleting daemonset "kube-scheduler"',
 }
 
 

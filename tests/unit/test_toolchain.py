@@ -7,6 +7,7 @@ that writes shell-script "binaries" printing their version, so no Go build and n
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from kubeplane import plan
 from kubeplane.cli import toolchain as cli_toolchain
 from kubeplane.provision import steps, toolchain
 
@@ -101,12 +103,36 @@ def _toolchain(cache: Path, tmp_path: Path, make: str = FAKE_MAKE) -> toolchain.
     )
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[steps.StepEvent] = []
+@dataclasses.dataclass(frozen=True)
+class Event:
+    step: str
+    state: str
+    detail: str = ""
 
-    def __call__(self, event: steps.StepEvent) -> None:
-        self.events.append(event)
+
+class Recorder:
+    """The :class:`kubeplane.plan.Progress` events of the build, as (step, state, detail)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def step_started(self, index: int, total: int, step: plan.Step) -> None:
+        self.events.append(Event(step.component, "start", step.target))
+
+    def info(self, message: str) -> None:
+        name = self.events[-1].step if self.events else ""
+        self.events.append(Event(name, "running", message))
+
+    def retrying(self, message: str) -> None:
+        raise AssertionError(f"the build has no waits: {message}")
+
+    def step_finished(self, index: int, step: plan.Step, outcome: plan.Outcome, seconds: float) -> None:
+        self.events.append(
+            Event(step.component, "done" if outcome == plan.CHANGED else "cached", step.target)
+        )
+
+    def step_failed(self, index: int, step: plan.Step, cause: BaseException, seconds: float) -> None:
+        self.events.append(Event(step.component, "failed", str(cause)))
 
     def states(self) -> dict[str, str]:
         return {event.step: event.state for event in self.events}
@@ -274,7 +300,7 @@ def test_no_deb_entry_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_error_inside_a_step_is_reported_with_traceback_in_its_log(tmp_path: Path) -> None:
     events = Recorder()
-    runner = steps.Steps(tmp_path / "logs", events)
+    runner = steps.Steps(tmp_path / "logs", events, kind="toolchain")
     with pytest.raises(steps.StepFailed) as caught, runner.step("images"):
         raise KeyError("kube-proxy")
     assert caught.value.step == "images" and caught.value.log == tmp_path / "logs" / "images.log"
@@ -285,7 +311,7 @@ def test_error_inside_a_step_is_reported_with_traceback_in_its_log(tmp_path: Pat
 
 
 def test_missing_command_is_a_step_failure(tmp_path: Path) -> None:
-    runner = steps.Steps(tmp_path / "logs")
+    runner = steps.Steps(tmp_path / "logs", kind="toolchain")
     failure = r"step 'fetch' failed: cannot run 'no-such-apt-get'"
     with pytest.raises(steps.StepFailed, match=failure), runner.step("fetch"):
         runner.run(["no-such-apt-get", "source"])

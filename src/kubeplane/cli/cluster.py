@@ -1,11 +1,12 @@
 """Local cluster commands: ``cluster create|destroy|show`` and ``images``.
 
 ``cluster create`` plans and checks everything first (nothing on the host changes when the name,
-CIDR, toolchain or a config patch is wrong), then runs the creation steps of
-:mod:`kubeplane.provision.create` with one progress line per step, and finally (unless
-``--no-wait``) waits for the cluster to be healthy with the checks of :mod:`kubeplane.ops.health`,
-printed as they pass. A failure names the step or check and where to look; the half-made cluster
-stays for inspection and ``cluster destroy`` removes it.
+CIDR, toolchain or a config patch is wrong), then runs the plan of
+:class:`kubeplane.provision.create.Creation` plus (unless ``--no-wait``) a last step that waits
+for the cluster to be healthy with the checks of :mod:`kubeplane.ops.health`, through the one
+executor and progress display (:mod:`kubeplane.cli.progress`); ``--dry-run`` prints that plan.
+A failure names the step or check and where to look; the half-made cluster stays for inspection
+and the resume command destroys it and creates it again.
 
 ``images`` prints the images nodes pull for a Kubernetes version (or a machine config), one per
 line, for the air-gapped guide's ``for image in $(kubeplane images) ...`` loops.
@@ -13,8 +14,12 @@ line, for the air-gapped guide's ``for image in $(kubeplane images) ...`` loops.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import re
+import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,14 +28,15 @@ import yaml
 
 from kubeplane import api
 from kubeplane import config as config_mod
-from kubeplane.cli import output
+from kubeplane import plan as plan_module
+from kubeplane.cli import output, progress
 from kubeplane.clients import kube
 from kubeplane.config import client as client_config
 from kubeplane.config import generate as gen
 from kubeplane.ops import convert, health
 from kubeplane.provision import cluster as cluster_mod
 from kubeplane.provision import create as create_mod
-from kubeplane.provision import netns, planning, state, steps, teardown, toolchain
+from kubeplane.provision import netns, planning, state, teardown, toolchain
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
 
@@ -61,13 +67,6 @@ def load_patch(value: str, option: str) -> gen.Patch:
         ) from exc
     except gen.GenerateError as exc:
         raise click.BadParameter(str(exc), param_hint=option) from exc
-
-
-def _echo_event(event: steps.StepEvent) -> None:
-    if event.state == "start":
-        click.echo(f"{event.step}" + (f" ({event.detail})" if event.detail else ""))
-    elif event.state == "failed":
-        click.echo(f"{event.step}: FAILED after {event.elapsed:.1f}s", err=True)
 
 
 @click.group()
@@ -101,6 +100,7 @@ def cluster() -> None:
     type=click.IntRange(min=0),
     help="Seconds a pod checkpoint outlives its parent (--self-hosted).",
 )
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 def create(
     *,
     name: str,
@@ -116,8 +116,13 @@ def create(
     wait_timeout: str,
     self_hosted: bool,
     checkpointer_grace_period: int,
+    dry_run: bool,
 ) -> None:
-    """Create a local cluster: network, load balancer, registry, one agent per node, bootstrap."""
+    """Create a local cluster: network, load balancer, registry, one agent per node, bootstrap.
+
+    With --dry-run, print the steps (with the names, addresses and versions this request gets) and
+    change nothing; the host checks (root, tools, toolchain, addresses) are not run then.
+    """
     timeout = parse_duration(wait_timeout)
     try:
         request = planning.ClusterRequest(
@@ -134,37 +139,61 @@ def create(
             checkpointer_grace_period=checkpointer_grace_period,
         )
         plan = planning.plan(request, progress=click.echo)
-        paths = create_mod.preflight(plan, toolchain=toolchain.Toolchain())
+        paths = None if dry_run else create_mod.preflight(plan, toolchain=toolchain.Toolchain())
     except (cluster_mod.ClusterError, gen.GenerateError) as exc:
         raise click.ClickException(f"{exc}\nnothing was created") from exc
     config_path = client_config.resolve_path()
-    try:
-        created = create_mod.create(
-            plan, toolchain_paths=paths, client_config_path=config_path, progress=_echo_event
+    with progress.display() as shown:
+        creation = create_mod.Creation(
+            plan,
+            toolchain_paths=paths or toolchain.Toolchain().paths(kubernetes_version),
+            client_config_path=config_path,
+            progress=shown,
         )
-    except (steps.StepFailed, cluster_mod.ClusterError) as exc:
-        raise click.ClickException(
-            f"{exc}\nthe cluster is left as it is for inspection; remove it with "
-            f"`kubeplane cluster destroy --name {name}`"
-        ) from exc
-    click.echo(f"merged context {name!r} into {config_path} (current)")
-    click.echo(f"kubeconfig: {created.kubeconfig}")
-    if wait:
-        results = wait_healthy(created, timeout=timeout, self_hosted=self_hosted)
-        failed = [r for r in results if not r.ok]
-        if failed:
-            raise click.ClickException(
-                f"cluster {name!r} is not healthy after {wait_timeout}: {failed[0].name} failed; "
-                f"node logs are under {created.directory}/nodes/<node>/var/log/kubeplane/ "
-                f"(or `kubeplane -n NODE logs kubelet`); `kubeplane health` checks again"
+        steps = creation.plan()
+        waiting: plan_module.Step | None = None
+        if wait:
+            checks = "the self-hosted hand-over, then " if self_hosted else ""
+            waiting = plan_module.Step(
+                "wait", "cluster health", "", "", f"{checks}every health check, {wait_timeout}"
             )
-    click.echo(f"cluster {name!r} is up: kubectl --kubeconfig {created.kubeconfig} get nodes")
+            steps = dataclasses.replace(steps, steps=(*steps.steps, waiting))
+        if dry_run:
+            click.echo(steps.render())
+            click.echo("dry run: nothing was changed")
+            return
+
+        async def run_step(step: plan_module.Step) -> plan_module.Outcome:
+            if step is not waiting:
+                return await creation.run_step(step)
+            results = await asyncio.to_thread(
+                wait_healthy, creation.created(), timeout=timeout, self_hosted=self_hosted, report=shown
+            )
+            failed = [r for r in results if not r.ok]
+            if failed:
+                raise cluster_mod.CreateError(
+                    f"cluster {name!r} is not healthy after {wait_timeout}: {failed[0].name} failed; "
+                    f"node logs are under {creation.cluster.directory}/nodes/<node>/var/log/kubeplane/ "
+                    f"(or `kubeplane -n NODE logs kubelet`); `kubeplane health` checks again"
+                )
+            return plan_module.CHANGED
+
+        resume = f"kubeplane cluster destroy --name {name} && {shlex.join(['kubeplane', *sys.argv[1:]])}"
+        try:
+            asyncio.run(plan_module.execute(steps, run_step, progress=shown, resume=resume))
+        except plan_module.StepFailed as exc:
+            raise click.ClickException(str(exc)) from exc
+    click.echo(f"cluster {name!r} is up: kubectl --kubeconfig {creation.created().kubeconfig} get nodes")
 
 
 def wait_healthy(
-    created: create_mod.CreatedCluster, *, timeout: float, self_hosted: bool = False
+    created: create_mod.CreatedCluster,
+    *,
+    timeout: float,
+    report: plan_module.Progress,
+    self_hosted: bool = False,
 ) -> list[health.Result]:
-    """Run the health checks against a just-created cluster, printing each as it finishes
+    """Run the health checks against a just-created cluster, reporting each as it finishes
     (a self-hosted one first has to finish handing over from its temporary control plane)."""
     kubeconfig = created.kubeconfig.read_text()
 
@@ -184,7 +213,7 @@ def wait_healthy(
                 lambda: convert.self_hosted_problems(kube.api_client(kubeconfig)),
             ),
         )
-    return health.run(checks, timeout=timeout, report=lambda result: click.echo(result.text()))
+    return health.run(checks, timeout=timeout, report=lambda result: report.info(result.text()))
 
 
 @cluster.command()

@@ -4,7 +4,9 @@
 - ``bootstrap`` founds the etcd cluster on one control plane node, once per cluster lifetime; the
   node refuses (and changes nothing) on workers, when its etcd has data or was bootstrapped, or
   when another node already answers as the cluster. ``--recover-from SNAPSHOT`` sends an etcd
-  snapshot file the node restores before starting.
+  snapshot file the node restores before starting. It is a one-step plan run by the one executor
+  (:func:`kubeplane.plan.execute`): ``--dry-run`` prints it, a failure names the node and the
+  command to re-run.
 - ``kubeconfig [DIR|FILE]`` writes the admin kubeconfig the node hands out (default: the current
   directory's ``kubeconfig``); ``--merge`` merges it into an existing file, ``--force`` overwrites.
   It and ``etcd snapshot``'s file are written atomically with mode 0600 (:mod:`kubeplane.fileio`).
@@ -20,9 +22,9 @@ from typing import Any, BinaryIO
 import click
 import yaml
 
-from kubeplane import fileio
+from kubeplane import fileio, plan
 from kubeplane.api import NodeClient
-from kubeplane.cli import connect, output
+from kubeplane.cli import connect, output, progress
 
 
 def register(group: click.Group) -> None:
@@ -61,27 +63,64 @@ def _print_messages(replies: list[Any], outcome: connect.Outcome) -> None:
     default=None,
     help="Seconds a checkpoint outlives its parent (--self-hosted; default 300).",
 )
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 def bootstrap(
     *,
     recover_from: Path | None,
     self_hosted: bool,
     checkpointer_image: str | None,
     checkpointer_grace_period: int | None,
+    dry_run: bool,
 ) -> None:
     """Found the etcd cluster on this control plane node (once per cluster lifetime)."""
     target = connect.resolve(connect.options())
     _one_node(target, "bootstrap")
-    snapshot = recover_from.read_bytes() if recover_from is not None else None
-    replies = connect.with_client(
-        target,
-        lambda c: c.bootstrap(
-            snapshot=snapshot,
-            self_hosted=self_hosted,
-            checkpointer_image=checkpointer_image,
-            checkpointer_grace_period=checkpointer_grace_period,
-        ),
+    node = target.nodes[0] if target.nodes else ",".join(target.endpoints)
+    founding = f"restored from snapshot {recover_from}" if recover_from is not None else "a new etcd cluster"
+    control_plane = "self-hosted control plane" if self_hosted else "static pod control plane"
+    step = plan.Step("bootstrap", "etcd", node, "", f"{founding}, {control_plane}")
+    steps = plan.Plan(
+        title="bootstrap",
+        steps=(step,),
+        rerun="the node refuses, changing nothing, once its etcd has data or was bootstrapped",
     )
-    _print_messages(replies, connect.Outcome())
+    if dry_run:
+        click.echo(steps.render())
+        click.echo("dry run: nothing was changed")
+        return
+    snapshot = recover_from.read_bytes() if recover_from is not None else None
+    words = ["bootstrap", *(["--recover-from", str(recover_from)] if recover_from is not None else [])]
+    words += ["--self-hosted"] if self_hosted else []
+    words += ["--checkpointer-image", checkpointer_image] if checkpointer_image else []
+    if checkpointer_grace_period is not None:
+        words += ["--checkpointer-grace-period", str(checkpointer_grace_period)]
+    messages: list[str] = []
+
+    async def run_step(step: plan.Step) -> plan.Outcome:
+        async with connect.client(target) as node_client:
+            replies = await node_client.bootstrap(
+                snapshot=snapshot,
+                self_hosted=self_hosted,
+                checkpointer_image=checkpointer_image,
+                checkpointer_grace_period=checkpointer_grace_period,
+            )
+        for reply in replies:
+            if reply.error is not None:
+                raise click.ClickException(output.error_text(reply.error, where=f"node {reply.node}"))
+            said = (reply.result or {}).get("message", "done")
+            messages.append(f"{output.node_label(reply.node, len(replies) > 1)}{said}")
+        return plan.CHANGED
+
+    with progress.display() as shown:
+        try:
+            connect.run(
+                plan.execute(steps, run_step, progress=shown, resume=connect.command_line(*words)),
+                target=target,
+            )
+        except plan.StepFailed as exc:
+            raise click.ClickException(str(exc)) from exc
+    for message in messages:
+        click.echo(message)
 
 
 @click.group()

@@ -16,6 +16,7 @@ print and the command exits 1 at the end (:meth:`Outcome.finish`).
 from __future__ import annotations
 
 import asyncio
+import shlex
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -49,6 +50,17 @@ def options(ctx: click.Context | None = None) -> main.Context:
     """The global options of the current command (the root group's context object)."""
     obj: main.Context = (ctx or click.get_current_context()).find_root().obj
     return obj
+
+
+def command_line(*words: str) -> str:
+    """``kubeplane`` with this invocation's global options (context, endpoints, nodes) and ``words``:
+    the exact command a resume message tells the user to run again."""
+    obj = options()
+    line = ["kubeplane"]
+    line += ["--context", obj.context] if obj.context else []
+    line += ["-e", ",".join(obj.endpoints)] if obj.endpoints else []
+    line += ["-n", ",".join(obj.nodes)] if obj.nodes else []
+    return shlex.join([*line, *words])
 
 
 def load_client_config(obj: main.Context) -> tuple[str, client_config.ClientConfig]:

@@ -18,7 +18,8 @@ from kubernetes import client as k8s_client
 
 from kubeplane import config as machine_config
 from kubeplane import pki
-from kubeplane.cli import connect, lease
+from kubeplane import plan as plan_module
+from kubeplane.cli import connect, lease, progress
 from kubeplane.cli.upgrade import NodeAPIAdapter, with_server
 from kubeplane.clients import etcd as etcd_client
 from kubeplane.clients import kube as kube_client
@@ -183,7 +184,13 @@ def _confirm(prompt: str) -> bool:
 
 
 async def _convert(
-    target: connect.Target, *, endpoint: str | None, force: bool, remove_key_only: bool, dry_run: bool
+    target: connect.Target,
+    *,
+    endpoint: str | None,
+    force: bool,
+    remove_key_only: bool,
+    dry_run: bool,
+    resume: str,
 ) -> convert.Timing:
     env = KubeplaneEnv(target, endpoint=endpoint)
     timing = convert.Timing()
@@ -201,10 +208,21 @@ async def _convert(
                 click.echo("removing self-hosted initialized key")
                 await env.remove_initialized_key()
                 return timing
-            converter = convert.Converter(
-                env, options=convert.Options(force=force), echo=click.echo, confirm=_confirm, timing=timing
-            )
-            await converter.run()
+            with progress.display() as shown:
+
+                def confirm(prompt: str) -> bool:
+                    with shown.paused():
+                        return _confirm(prompt)
+
+                converter = convert.Converter(
+                    env,
+                    options=convert.Options(force=force),
+                    echo=click.echo,
+                    confirm=confirm,
+                    progress=shown,
+                    timing=timing,
+                )
+                await converter.run(resume=resume)
         return timing
     finally:
         await env.close()
@@ -226,6 +244,7 @@ def convert_k8s(*, endpoint: str | None, force: bool, remove_initialized_key: bo
     Safe to re-run after any failure or interruption. See docs/convert.md.
     """
     target = connect.resolve(connect.options())
+    words = ["convert-k8s", *(["--endpoint", endpoint] if endpoint else []), *(["--force"] if force else [])]
     try:
         timing = connect.run(
             _convert(
@@ -234,11 +253,14 @@ def convert_k8s(*, endpoint: str | None, force: bool, remove_initialized_key: bo
                 force=force,
                 remove_key_only=remove_initialized_key,
                 dry_run=dry_run,
+                resume=connect.command_line(*words),
             ),
             target=target,
         )
     except convert.Aborted as exc:
         raise click.ClickException("aborted: the self-hosted control plane keeps running") from exc
+    except plan_module.StepFailed as exc:
+        raise click.ClickException(str(exc)) from exc
     except OpsError as exc:
         message = str(exc)
         if convert.RESUME not in message:

@@ -10,15 +10,8 @@ import click
 import yaml
 
 import kubeplane
+from kubeplane.cli import progress
 from kubeplane.provision import checkpointer_image, steps, toolchain
-
-
-def _progress(event: steps.StepEvent) -> None:
-    if event.state == "cached":
-        click.echo(f"  {event.step}: cached" + (f" ({event.detail})" if event.detail else ""), err=True)
-        return
-    click.echo("  " + steps.format_event(event), err=True)
-
 
 CACHE_OPTION = click.option(
     "--cache",
@@ -63,14 +56,16 @@ def build(versions: tuple[str, ...], with_checkpointer: bool, cache_dir: Path | 
         started = time.monotonic()
         click.echo(f"toolchain {version} in {tc.cache_dir}", err=True)
         try:
-            paths = tc.ensure(version, progress=_progress)
+            with progress.display() as shown:
+                paths = tc.ensure(version, progress=shown)
         except (toolchain.ToolchainError, steps.StepError) as exc:
             raise click.ClickException(f"toolchain build {version}: {exc}") from exc
         click.echo(f"toolchain {version} ready in {time.monotonic() - started:.1f}s: {paths.root}", err=True)
     if with_checkpointer:
         started = time.monotonic()
         try:
-            image = checkpointer_image.Builder(tc.cache_dir).ensure(progress=_progress)
+            with progress.display() as shown:
+                image = checkpointer_image.Builder(tc.cache_dir).ensure(progress=shown)
         except (checkpointer_image.CheckpointerImageError, steps.StepError) as exc:
             raise click.ClickException(f"checkpointer image: {exc}") from exc
         click.echo(f"checkpointer image {image.ref} ready in {time.monotonic() - started:.1f}s", err=True)

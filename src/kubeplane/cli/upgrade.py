@@ -17,16 +17,13 @@ implements them:
   and it has a haproxy directory) the node's haproxy server goes to ``drain`` and back to
   ``ready``; otherwise nothing (readiness checks of the real load balancer are all there is).
 
-Re-running the same command continues a failed or killed upgrade (see :mod:`kubeplane.ops.plan`).
+Re-running the same command continues a failed or killed upgrade (see :mod:`kubeplane.plan`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import functools
-import shlex
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,20 +34,18 @@ from kubernetes import client as k8s_client
 from kubernetes.dynamic import DynamicClient
 
 from kubeplane import api
+from kubeplane import plan as plan_module
 from kubeplane.api import wire
-from kubeplane.cli import connect, lease, output
+from kubeplane.cli import connect, lease, output, progress
 from kubeplane.clients import kube as kube_client
 from kubeplane.config import defaults
 from kubeplane.ops import oplock, upgrade
-from kubeplane.ops import plan as plan_module
 from kubeplane.ops.errors import NodeUnavailable, OpsError
 from kubeplane.ops.upgrader import Upgrader
 from kubeplane.provision import loadbalancer
 from kubeplane.provision import state as cluster_state
 from kubeplane.resources import catalog
 
-#: A repeated identical "retrying error" line is printed again only after this many seconds.
-REPEAT_AFTER = 10.0
 #: How long a restored haproxy server may take to pass its health check and rejoin.
 ROTATION_TIMEOUT = 30.0
 IMAGE_PULL_CALL = "ImagePull"
@@ -328,56 +323,19 @@ def local_rotation(addresses: Sequence[str]) -> HAProxyRotation | None:
     return None
 
 
-# --- progress ----------------------------------------------------------------------------------
-
-
-class PrintProgress:
-    """Prints the step, node and waits as they happen; repeated wait messages are throttled."""
-
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._last: tuple[str, float] | None = None
-        self._clock = clock
-
-    def step_started(self, index: int, total: int, step: plan_module.Step) -> None:
-        self._last = None
-        click.echo(f"[{index}/{total}] {step.kind} {step.component} {step.where}: {step.target}")
-
-    def info(self, message: str) -> None:
-        click.echo(f" > {message}")
-
-    def retrying(self, message: str) -> None:
-        now = self._clock()
-        if self._last is not None and self._last[0] == message and now - self._last[1] < REPEAT_AFTER:
-            return
-        self._last = (message, now)
-        stamp = datetime.datetime.now().strftime("%Y/%m/%d %H:%M:%S")
-        click.echo(f"{stamp} retrying error: {message}")
-
-    def step_finished(
-        self, index: int, step: plan_module.Step, outcome: plan_module.Outcome, seconds: float
-    ) -> None:
-        what = "done" if outcome == plan_module.CHANGED else "already at target, skipped"
-        click.echo(f" < {what} ({seconds:.1f}s)")
-
-
 # --- the command -------------------------------------------------------------------------------
 
 
 def resume_command(*, options: upgrade.Options, endpoint: str | None, kubeconfig: str | None) -> str:
     """The command that continues this upgrade (the same one, whatever order the flags came in)."""
-    obj = connect.options()
-    words = ["kubeplane"]
-    words += ["--context", obj.context] if obj.context else []
-    words += ["-e", ",".join(obj.endpoints)] if obj.endpoints else []
-    words += ["-n", ",".join(obj.nodes)] if obj.nodes else []
-    words += ["upgrade-k8s", *(["--from", options.source] if options.source else []), "--to", options.to]
+    words = ["upgrade-k8s", *(["--from", options.source] if options.source else []), "--to", options.to]
     words += ["--endpoint", endpoint] if endpoint else []
     words += ["--kubeconfig", kubeconfig] if kubeconfig else []
     words += [] if options.pre_pull else ["--no-pre-pull"]
     words += ["--upgrade-kubelet"] if options.upgrade_kubelet else []
     words += ["--sync-manifests"] if options.sync_manifests else []
     words += ["--allow-downgrade"] if options.allow_downgrade else []
-    return shlex.join(words)
+    return connect.command_line(*words)
 
 
 def with_server(kubeconfig_text: str, endpoint: str | None) -> str:
@@ -432,13 +390,8 @@ async def _upgrade(
         )
         plan = upgrade.build_plan(observed)
         if options.pre_pull and not node_api.can_pull:
-            plan = plan_module.Plan(
-                title=plan.title,
-                steps=plan.steps,
-                notes=(
-                    *plan.notes,
-                    "the node API has no ImagePull call: images are pulled when the new pods start",
-                ),
+            plan = plan.with_notes(
+                "the node API has no ImagePull call: images are pulled when the new pods start"
             )
         if dry_run:
             if fmt == "table":
@@ -451,16 +404,17 @@ async def _upgrade(
             local_rotation([n.address for n in observed.control_plane]) or upgrade.NoRotation()
         )
         click.echo(plan.render())
-        upgrader = Upgrader(
-            observed=observed,
-            node_api=node_api,
-            kube=kube,
-            rotation=rotation,
-            progress=PrintProgress(),
-            timing=TIMING,
-        )
-        async with oplock.held(kube.lease_store(), operation="upgrade-k8s"):
-            results = await upgrader.run(plan, resume=resume)
+        with progress.display() as shown:
+            upgrader = Upgrader(
+                observed=observed,
+                node_api=node_api,
+                kube=kube,
+                rotation=rotation,
+                progress=shown,
+                timing=TIMING,
+            )
+            async with oplock.held(kube.lease_store(), operation="upgrade-k8s"):
+                results = await upgrader.run(plan, resume=resume)
         changed = len(plan_module.changed_steps(results))
         click.echo(
             f"upgrade to {observed.target} completed: "
@@ -560,7 +514,7 @@ def upgrade_k8s(
             ),
             target=target,
         )
-    except OpsError as exc:
+    except (OpsError, plan_module.StepFailed) as exc:
         raise click.ClickException(str(exc)) from exc
     except loadbalancer.LoadBalancerError as exc:
         raise click.ClickException(f"load balancer: {exc}") from exc

@@ -1,28 +1,34 @@
 """``convert-k8s``: a self-hosted control plane (DaemonSets + pod-checkpointer) → static pods.
 
-Follows REFERENCE.md §4 step by step with the original's messages:
+Follows REFERENCE.md §4 with the original's messages, as a :class:`kubeplane.plan.Plan` that
+``--dry-run`` prints and the one executor (:func:`kubeplane.plan.execute`) runs:
 
-1. discover control plane nodes (Nodes labelled master/control-plane, first InternalIP);
-2. if the first node's BootstrapStatus is self-hosted: read ``service-account.key`` from Secret
-   ``kube-system/kube-controller-manager``, take an aggregator CA (**better:** the one an earlier
-   interrupted run already patched into a config is reused, a new one is minted only when no
-   node has one), copy the DaemonSet images, and patch every control plane config
-   ``--immediate`` (refused when ``persist: false``: the patch would not survive a reboot);
-3. wait until every control plane node has the three StaticPods and at least one Manifest;
-4. prompt ``confirm disabling pod-checkpointer ...`` (``no`` → "aborted", nothing else changed);
-5. delete DaemonSet ``pod-checkpointer`` and wait until no pod checkpoint is active
-   (``retrying error: found N active pod checkpoints: [...]``); all-Pending ones are force-deleted;
-6. prompt ``confirm applying static pod definitions and manifests``;
-7. remove the etcd ``initialized`` key;
-8. wait for the static (mirror) pods of all three, then per component: delete its DaemonSet and
-   its pods (not left to the garbage collector, see :meth:`Converter.remove_daemonset_pods`),
-   wait for the static pods Ready.
+1. (before the plan) discover control plane nodes (Nodes labelled master/control-plane, first
+   InternalIP) and read the first node's BootstrapStatus; when self-hosted, refuse nodes running
+   with ``persist: false`` (a patched config would not survive a reboot);
+2. ``patch machine config`` on each control plane node (self-hosted only): the service account
+   key from Secret ``kube-system/kube-controller-manager``, an aggregator CA (**better:** one a
+   node's config already has, from an earlier step or interrupted run, is reused; a new one is
+   minted only when no node has one) and the DaemonSet images, applied ``--immediate``; skipped
+   when the node's config already carries them;
+3. ``disable pod-checkpointer`` (self-hosted only): wait until every control plane node has the
+   three StaticPods and at least one Manifest; prompt ``confirm disabling pod-checkpointer ...``
+   (``no`` → "aborted", nothing else changed); delete DaemonSet ``pod-checkpointer`` and wait
+   until no pod checkpoint is active (``retrying error: found N active pod checkpoints: [...]``);
+   all-Pending ones are force-deleted;
+4. ``remove etcd key 'initialized'`` (self-hosted only): prompt ``confirm applying static pod
+   definitions and manifests``, then remove the key; skipped when the node no longer reports a
+   self-hosted control plane;
+5. ``replace`` each component: wait for the static (mirror) pods of it and the components after
+   it, delete its DaemonSet and its pods (not left to the garbage collector, see
+   :meth:`Converter.remove_daemonset_pods`), wait for its static pods Ready.
 
-Re-runnable at every point: when the cluster is no longer self-hosted it goes straight to step 8,
-which tolerates DaemonSets already gone. Every wait prints what it waits for; :class:`ConvertError`
-messages end with how to resume. Retryable errors (API timeouts, 5xx, connection refused/reset,
-EOF, a node that cannot answer now) are retried inside the waits (:meth:`kubeplane.retry.Wait.poll_async`),
-chosen by type: :data:`RETRYABLE`.
+Re-runnable at every point (a SIGKILL included): every step re-reads the live state, and a re-run
+plans again from it, so once the key is removed only the replacements are left, and they tolerate
+DaemonSets already gone. Every wait reports what it waits for; a failed step names itself, its
+node and the command to resume. Retryable errors (API timeouts, 5xx, connection refused/reset,
+EOF, a node that cannot answer now) are retried inside the waits
+(:meth:`kubeplane.retry.Wait.poll_async`), chosen by type: :data:`RETRYABLE`.
 
 The ``Env`` protocol is everything the conversion touches (node API, Kubernetes API, etcd); the CLI
 implements it, tests fake it. ``Timing`` records how long each wait took (for the benchmark).
@@ -41,8 +47,8 @@ from kubernetes import client as k8s_client
 
 from kubeplane import config as machine_config
 from kubeplane import pki, retry
+from kubeplane import plan as plan_module
 from kubeplane.clients import kube as kube_client
-from kubeplane.ops import plan as plan_module
 from kubeplane.ops.errors import NodeUnavailable, OpsError, PreflightError, WaitTimeout
 
 COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -55,6 +61,11 @@ IMAGE_PATHS = {
     "kube-scheduler": ("cluster", "scheduler", "image"),
 }
 RESUME = "re-run `kubeplane convert-k8s` to resume: every step is safe to repeat"
+KIND_PATCH = "patch"
+KIND_DISABLE = "disable"
+KIND_REMOVE = "remove"
+KIND_REPLACE = "replace"
+INITIALIZED_KEY = "etcd key 'initialized'"
 
 
 class ConvertError(OpsError):
@@ -182,12 +193,12 @@ async def wait_until(
     *,
     timeout: float,
     interval: float,
-    echo: Echo,
+    progress: plan_module.Progress,
     timing: Timing,
     key: str,
 ) -> Any:
-    """Print ``waiting for <what>``, then poll ``attempt`` until truthy; retryable errors and
-    falsy results are retried (an ``str`` result is logged as ``retrying error: ...``)."""
+    """Report ``waiting for <what>``, then poll ``attempt`` until truthy; retryable errors and
+    falsy results are retried (an ``str`` result is reported as the reason it is not done yet)."""
 
     async def checked() -> Any:
         value = await attempt()
@@ -195,11 +206,11 @@ async def wait_until(
             raise retry.NotYet(value)
         return value
 
-    def progress(failed: retry.Attempt) -> None:
+    def report(failed: retry.Attempt) -> None:
         if failed.not_yet:
-            echo(f"{time.strftime('%Y/%m/%d %H:%M:%S')} retrying error: {failed.reason}")
+            progress.retrying(failed.reason)
 
-    echo(f"waiting for {what}")
+    progress.info(f"waiting for {what}")
     started = time.monotonic()
     try:
         return await retry.Wait(
@@ -207,25 +218,37 @@ async def wait_until(
             timeout=timeout,
             backoff=retry.fixed(interval),
             retry_on=RETRYABLE,
-            progress=progress,
+            progress=report,
             error=WaitTimeout,
-            hint=RESUME,
         ).poll_async(checked)
     finally:
         timing.add(key, time.monotonic() - started)
 
 
 class Converter:
-    """Runs the steps of the module docstring against ``env``."""
+    """Plans and runs the steps of the module docstring against ``env``.
+
+    ``echo`` prints what the run says outside its steps (the nodes found, the plan, the end);
+    ``progress`` gets the steps' events.
+    """
 
     def __init__(
-        self, env: Env, *, options: Options, echo: Echo, confirm: Confirm, timing: Timing | None = None
+        self,
+        env: Env,
+        *,
+        options: Options,
+        echo: Echo,
+        confirm: Confirm,
+        progress: plan_module.Progress | None = None,
+        timing: Timing | None = None,
     ) -> None:
         self.env = env
         self.options = options
         self.echo = echo
         self.confirm = confirm
+        self.progress = progress if progress is not None else plan_module.RecordingProgress()
         self.timing = timing or Timing()
+        self._nodes: list[tuple[str, str]] = []
 
     async def masters(self) -> list[tuple[str, str]]:
         """(address, name) of every control plane node; PreflightError when there is none."""
@@ -238,8 +261,9 @@ class Converter:
         return nodes
 
     async def plan(self) -> plan_module.Plan:
-        """What :meth:`run` would do, seen through read calls only (``--dry-run``)."""
+        """What :meth:`run` does, seen through read calls only (``--dry-run`` prints it)."""
         nodes = await self.masters()
+        self._nodes = nodes
         addresses = [address for address, _ in nodes]
         self_hosted = await self.env.self_hosted(addresses[0])
         present = {}
@@ -249,42 +273,44 @@ class Converter:
         steps: list[plan_module.Step] = []
         if self_hosted:
             rendered = "service account key, aggregator CA, images; static pods rendered"
-            steps += [Step("patch", "machine config", ip, "self-hosted", rendered) for ip in addresses]
-            steps.append(Step("disable", CHECKPOINTER, "", present[CHECKPOINTER], "no checkpoints"))
-            steps.append(Step("remove", "etcd key 'initialized'", "", "present", "absent"))
+            steps += [Step(KIND_PATCH, "machine config", ip, "self-hosted", rendered) for ip in addresses]
+            steps.append(Step(KIND_DISABLE, CHECKPOINTER, "", present[CHECKPOINTER], "no checkpoints"))
+            steps.append(Step(KIND_REMOVE, INITIALIZED_KEY, "", "present", "absent"))
         target = f"static pods on {len(nodes)} nodes"
-        steps += [Step("replace", component, "", present[component], target) for component in COMPONENTS]
+        steps += [Step(KIND_REPLACE, component, "", present[component], target) for component in COMPONENTS]
         notes = ["control plane nodes: " + ", ".join(f"{name} ({address})" for address, name in nodes)]
         if self_hosted and not self.options.force:
             notes.append("asks before disabling pod-checkpointer and before applying the static pods")
         title = f"convert-k8s (self-hosted: {str(self_hosted).lower()})"
         return plan_module.Plan(title=title, steps=tuple(steps), notes=tuple(notes))
 
-    async def run(self) -> None:
-        nodes = await self.masters()
-        addresses = [address for address, _ in nodes]
+    async def run(self, *, resume: str = "kubeplane convert-k8s") -> list[plan_module.StepResult]:
+        """Plan from the live state, then execute; a failed step raises
+        :class:`~kubeplane.plan.StepFailed` naming ``resume``. A "no" at a prompt raises
+        :class:`Aborted` and a failed check before any change :class:`PreflightError`, as they are."""
+        plan = await self.plan()
+        addresses = [address for address, _ in self._nodes]
         self.echo("discovered master nodes [" + " ".join(f'"{a}"' for a in addresses) + "]")
-        self_hosted = await self.env.self_hosted(addresses[0])
+        self_hosted = any(step.kind == KIND_PATCH for step in plan.steps)
         self.echo(f"current self-hosted status: {str(self_hosted).lower()}")
         if self_hosted:
-            await self.patch_configs(addresses)
-            await self.wait_rendered(addresses)
-            self.echo(
-                "kubeplane generated control plane static pod definitions and bootstrap manifests, please "
-                "verify them with commands:\n"
-                "    kubeplane -n <master node IP> get staticpods\n"
-                "    kubeplane -n <master node IP> get manifests\n\n"
-                "in order to remove self-hosted control plane, pod-checkpointer component needs to be "
-                "disabled\nonce pod-checkpointer is disabled, the cluster shouldn't be rebooted until the "
-                "entire conversion process is complete"
-            )
-            self.ask("confirm disabling pod-checkpointer to proceed with control plane update")
-            await self.disable_checkpointer()
-            self.ask("confirm applying static pod definitions and manifests")
-            self.echo("removing self-hosted initialized key")
-            await self.remove_initialized_key()
-        await self.replace_daemonsets(nodes)
+            await self.check_persist(addresses)
+        self.echo(plan.render())
+        results = await plan_module.execute(
+            plan, self.run_step, progress=self.progress, resume=resume, passthrough=(Aborted, PreflightError)
+        )
         self.echo("conversion process completed successfully")
+        return results
+
+    async def run_step(self, step: plan_module.Step) -> plan_module.Outcome:
+        """One step of :meth:`plan`, by kind; each re-reads the live state first."""
+        if step.kind == KIND_PATCH:
+            return await self.patch_config(step.node)
+        if step.kind == KIND_DISABLE:
+            return await self.disable_checkpointer()
+        if step.kind == KIND_REMOVE:
+            return await self.remove_initialized_key()
+        return await self.replace(step.component)
 
     def ask(self, prompt: str) -> None:
         if not self.options.force and not self.confirm(f"{prompt} [yes/no]: "):
@@ -292,15 +318,21 @@ class Converter:
 
     # -- step 2 --
 
-    async def patch_configs(self, nodes: Sequence[str]) -> None:
-        self.echo("gathering control plane configuration")
-        documents = {node: machine_config.load(await self.env.machine_config(node)) for node in nodes}
-        for node, document in documents.items():
-            if document.model.persist is False:
+    async def check_persist(self, nodes: Sequence[str]) -> None:
+        """Refuse before any change when a node runs with ``persist: false``."""
+        for node in nodes:
+            if machine_config.load(await self.env.machine_config(node)).model.persist is False:
                 raise PreflightError(
                     f"node {node} runs with persist: false: a patched config would be lost on "
                     "reboot; enable persist (or convert by hand, see docs/convert.md)"
                 )
+
+    async def patch_config(self, node: str) -> plan_module.Outcome:
+        """Patch ``node``'s config with what the static pods need; skipped when it already has it."""
+        self.progress.info("gathering control plane configuration")
+        documents = {
+            address: machine_config.load(await self.env.machine_config(address)) for address, _ in self._nodes
+        }
         key = await self.env.secret_value("kube-system", "kube-controller-manager", "service-account.key")
         if not key:
             raise ConvertError(
@@ -316,10 +348,12 @@ class Converter:
             None,
         )
         if aggregator is not None:
-            self.echo("reusing the aggregator CA an earlier run patched into the machine configs")
+            self.progress.info(
+                "reusing the aggregator CA already patched into a control plane machine config"
+            )
             aggregator_value = {"crt": aggregator.crt, "key": aggregator.key}
         else:
-            self.echo(
+            self.progress.info(
                 "aggregator CA key can't be recovered from bootkube-boostrapped control plane, "
                 "generating new CA"
             )
@@ -328,28 +362,29 @@ class Converter:
                 "crt": base64.b64encode(ca.cert).decode(),
                 "key": base64.b64encode(ca.key).decode(),
             }
-        images = {}
+        document = documents[node]
+        patch = [
+            {
+                "op": "add",
+                "path": "/cluster/serviceAccount",
+                "value": {"key": base64.b64encode(key).decode()},
+            },
+            {"op": "add", "path": "/cluster/aggregatorCA", "value": aggregator_value},
+        ]
+        tree = document.to_dict()
         for component, path in IMAGE_PATHS.items():
             image = await self.env.daemonset_image(component)
             if image:
-                images[path] = image
-        for node, document in documents.items():
-            self.echo(f'patching master node "{node}" configuration')
-            patch = [
-                {
-                    "op": "add",
-                    "path": "/cluster/serviceAccount",
-                    "value": {"key": base64.b64encode(key).decode()},
-                },
-                {"op": "add", "path": "/cluster/aggregatorCA", "value": aggregator_value},
-            ]
-            tree = document.to_dict()
-            for path, image in images.items():
                 patch.extend(_set_path(tree, path, image))
-            patched = machine_config.apply_json_patch(document, patch)
-            await self.env.apply_config(node, patched.to_yaml())
+        patched = machine_config.apply_json_patch(document, patch)
+        if patched.to_dict() == tree:
+            self.progress.info(f'master node "{node}" configuration is already patched')
+            return plan_module.SKIPPED
+        self.progress.info(f'patching master node "{node}" configuration')
+        await self.env.apply_config(node, patched.to_yaml())
+        return plan_module.CHANGED
 
-    # -- step 3 --
+    # -- step 3: the wait before the first prompt --
 
     async def wait_rendered(self, nodes: Sequence[str]) -> None:
         async def static_pods() -> bool | str:
@@ -374,12 +409,24 @@ class Converter:
                 key="static pods rendered",
             )
 
-    # -- step 5 --
+    # -- step 3 (the rest) --
 
-    async def disable_checkpointer(self) -> None:
-        self.echo("disabling pod-checkpointer")
-        self.echo(f'deleting daemonset "{CHECKPOINTER}"')
-        await self._retry(
+    async def disable_checkpointer(self) -> plan_module.Outcome:
+        """Once every node rendered its static pods (and the user agreed), remove the checkpointer."""
+        await self.wait_rendered([address for address, _ in self._nodes])
+        self.progress.info(
+            "kubeplane generated control plane static pod definitions and bootstrap manifests, please "
+            "verify them with commands:\n"
+            "    kubeplane -n <master node IP> get staticpods\n"
+            "    kubeplane -n <master node IP> get manifests\n\n"
+            "in order to remove self-hosted control plane, pod-checkpointer component needs to be "
+            "disabled\nonce pod-checkpointer is disabled, the cluster shouldn't be rebooted until the "
+            "entire conversion process is complete"
+        )
+        self.ask("confirm disabling pod-checkpointer to proceed with control plane update")
+        self.progress.info("disabling pod-checkpointer")
+        self.progress.info(f'deleting daemonset "{CHECKPOINTER}"')
+        deleted = await self._retry(
             lambda: self.env.delete_daemonset(CHECKPOINTER), what=f'deleting daemonset "{CHECKPOINTER}"'
         )
 
@@ -393,7 +440,7 @@ class Converter:
             timeout=self.options.component_timeout,
             key="checkpointer pods gone",
         )
-        self.echo("checking for active pod checkpoints")
+        self.progress.info("checking for active pod checkpoints")
 
         async def no_checkpoints() -> bool | str:
             active = [p for p in await self.env.system_pods() if CHECKPOINT_OF in p.annotations]
@@ -412,31 +459,39 @@ class Converter:
             interval=self.options.checkpoint_interval,
             key="checkpointer grace",
         )
+        return plan_module.CHANGED if deleted else plan_module.SKIPPED
 
-    # -- step 7 --
+    # -- step 4 --
 
-    async def remove_initialized_key(self) -> None:
+    async def remove_initialized_key(self) -> plan_module.Outcome:
+        """Hand the control plane to the static pods (after the second prompt)."""
+        if not await self.env.self_hosted(self._nodes[0][0]):
+            self.progress.info("the control plane is no longer self-hosted: the key is already removed")
+            return plan_module.SKIPPED
+        self.ask("confirm applying static pod definitions and manifests")
+        self.progress.info("removing self-hosted initialized key")
         await self._retry(self.env.remove_initialized_key, what="removing the etcd initialized key")
+        return plan_module.CHANGED
 
-    # -- step 8 --
+    # -- step 5 --
 
-    async def replace_daemonsets(self, nodes: Sequence[tuple[str, str]]) -> None:
+    async def replace(self, component: str) -> plan_module.Outcome:
+        """Hand ``component`` over from its DaemonSet to its static pods."""
         # Presence only: every DaemonSet pod holds its component's host ports (6443, 10257,
         # 10259), so a static pod can only be Ready between two crashes until its DaemonSet pod
         # goes, and each crash lengthens the kubelet's back-off, i.e. the API outage at hand-over.
-        node_names = [name for _, name in nodes]
-        for component in COMPONENTS:
-            await self.wait_static(component, node_names, ready=False)
-        for component in COMPONENTS:
-            self.echo(f'deleting daemonset "{component}"')
-            await self._retry(
-                functools.partial(self.env.delete_daemonset, component),
-                what=f'deleting daemonset "{component}"',
-            )
-            await self.remove_daemonset_pods(component)
-            for address, name in nodes:
-                await self.skip_crash_backoff(component, address, name)
-            await self.wait_static(component, node_names, ready=True)
+        node_names = [name for _, name in self._nodes]
+        for later in COMPONENTS[COMPONENTS.index(component) :]:
+            await self.wait_static(later, node_names, ready=False)
+        self.progress.info(f'deleting daemonset "{component}"')
+        deleted = await self._retry(
+            functools.partial(self.env.delete_daemonset, component), what=f'deleting daemonset "{component}"'
+        )
+        await self.remove_daemonset_pods(component)
+        for address, name in self._nodes:
+            await self.skip_crash_backoff(component, address, name)
+        await self.wait_static(component, node_names, ready=True)
+        return plan_module.CHANGED if deleted else plan_module.SKIPPED
 
     async def remove_daemonset_pods(self, component: str) -> None:
         """Delete the pods of a deleted DaemonSet and wait until they are gone.
@@ -488,7 +543,7 @@ class Converter:
         )
         if any(c.pod == static and c.name == component and c.running for c in listed):
             return
-        self.echo(
+        self.progress.info(
             f'restarting kubelet on node "{address}" to start its {component} static pod without '
             "waiting out the crash-loop back-off"
         )
@@ -524,13 +579,13 @@ class Converter:
         key: str,
         interval: float | None = None,
     ) -> Any:
-        """:func:`wait_until` with this run's echo, timing and (by default) poll interval."""
+        """:func:`wait_until` with this run's progress, timing and (by default) poll interval."""
         return await wait_until(
             what,
             attempt,
             timeout=timeout,
             interval=self.options.interval if interval is None else interval,
-            echo=self.echo,
+            progress=self.progress,
             timing=self.timing,
             key=key,
         )
@@ -546,9 +601,8 @@ class Converter:
             timeout=self.options.component_timeout,
             backoff=retry.fixed(self.options.interval),
             retry_on=RETRYABLE,
-            progress=lambda failed: self.echo(f"retrying error: {failed.error}"),
+            progress=lambda failed: self.progress.retrying(str(failed.error)),
             error=WaitTimeout,
-            hint=RESUME,
         ).poll_async(attempt)
         return done[0]
 

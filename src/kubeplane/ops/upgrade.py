@@ -6,7 +6,7 @@ Phases (REFERENCE.md §5, done better):
    discovered from Kubernetes Nodes (or given), every node answers on the node API, ``--from`` is
    detected from the first node's ``kcpc/kube-apiserver`` image and the path is supported (same
    minor or the next one). It returns the :class:`Observed` state; :func:`build_plan` turns it
-   into the :class:`~kubeplane.ops.plan.Plan` (pure data, what ``--dry-run`` prints).
+   into the :class:`~kubeplane.plan.Plan` (pure data, what ``--dry-run`` prints).
 2. :meth:`kubeplane.ops.upgrader.Upgrader.run` — the steps in order: pre-pull the target images
    on every node; then ``kube-apiserver`` on each control plane node in turn,
    ``kube-controller-manager`` on each, ``kube-scheduler`` on each; the ``kube-proxy`` DaemonSet
@@ -23,7 +23,7 @@ the node leaves the load balancer's rotation before the patch and returns after 
 Ready, so clients of the endpoint never reach an API server that is going away.
 
 Images keep their configured repository (a mirror or a custom registry stays): only the tag
-changes. Nothing is recorded between runs (see :mod:`kubeplane.ops.plan`): every step decides
+changes. Nothing is recorded between runs (see :mod:`kubeplane.plan`): every step decides
 from live state, which is what makes re-running after any failure or kill continue the upgrade
 without doing a finished step again.
 
@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from kubeplane import config as machine_config
-from kubeplane.ops import plan as plan_module
+from kubeplane import plan as plan_module
 from kubeplane.ops.errors import PreflightError
 from kubeplane.ops.versions import Version, check_path, image_version, retag
 

@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from kubeplane import config as machine_config
+from kubeplane import plan as plan_module
 from kubeplane import retry
 from kubeplane.clients import kube as kube_client
-from kubeplane.ops import plan as plan_module
 from kubeplane.ops.errors import OpsError, PreflightError, WaitTimeout
 from kubeplane.ops.upgrade import (
     APISERVER,
@@ -74,18 +74,18 @@ class Upgrader:
         self._nodes = {node.address: node for node in known}
 
     async def run(self, plan: plan_module.Plan, *, resume: str) -> list[plan_module.StepResult]:
-        """Execute ``plan``; raises :class:`~kubeplane.ops.plan.StepFailed` naming the step and ``resume``.
+        """Execute ``plan``; raises :class:`~kubeplane.plan.StepFailed` naming the step and ``resume``.
 
         A failed pre-pull raises its :class:`PreflightError` instead: nothing was changed yet.
         """
-        try:
-            return await plan_module.execute(
-                plan, self.run_step, progress=self.progress, resume=resume, clock=self._clock
-            )
-        except plan_module.StepFailed as failed:
-            if isinstance(failed.cause, PreflightError):
-                raise failed.cause from failed
-            raise
+        return await plan_module.execute(
+            plan,
+            self.run_step,
+            progress=self.progress,
+            resume=resume,
+            passthrough=(PreflightError,),
+            clock=self._clock,
+        )
 
     async def run_step(self, step: plan_module.Step) -> plan_module.Outcome:
         """One step, by kind."""

@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 import kubeplane
+from kubeplane import plan as plan_module
 from kubeplane.provision import images as images_mod
 from kubeplane.provision import steps as steps_mod
 from kubeplane.provision import toolchain
@@ -153,10 +154,10 @@ class Builder:
             )
         return image
 
-    def ensure(self, *, progress: steps_mod.Progress = steps_mod.no_progress) -> CheckpointerImage:
+    def ensure(self, *, progress: plan_module.Progress | None = None) -> CheckpointerImage:
         """Build whatever is missing or stale; returns the packed image."""
         with self._lock():
-            steps = steps_mod.Steps(self.cache_dir / "logs" / "checkpointer", progress)
+            steps = steps_mod.Steps(self.cache_dir / "logs" / "checkpointer", progress, kind="image")
             with steps.step("checkpointer-verify", str(self.root)):
                 mirror = debian_mirror(self.apt_dir)
                 expected = self._expected_hash(mirror)

@@ -5,8 +5,8 @@ A local cluster is made by four modules, each one job:
 - :mod:`kubeplane.provision.planning`: :func:`~kubeplane.provision.planning.plan` (pure: names,
   addresses, the generated PKI and one validated machine config per node);
 - :mod:`kubeplane.provision.create`: :func:`~kubeplane.provision.create.preflight` (only *reads*
-  the host) and :func:`~kubeplane.provision.create.create` (named steps, each recorded in the
-  cluster state before it acts);
+  the host) and :class:`~kubeplane.provision.create.Creation` (a plan for the one executor, each
+  step recorded in the cluster state before it acts);
 - :mod:`kubeplane.provision.teardown`: :func:`~kubeplane.provision.teardown.destroy`, which
   undoes a half-made cluster as well as a whole one, and is safe to repeat;
 - :mod:`kubeplane.provision.leftovers`: finding and killing what a node left running (by network
@@ -20,7 +20,7 @@ Errors (all :class:`ClusterError`): :class:`PlanError` (the request is invalid; 
 touched), :class:`PreflightError` (the host cannot run it: missing tools, toolchain, address
 conflict, cluster exists; nothing was touched), :class:`CreateError` (a creation step failed;
 the message names it and where to look; ``kubeplane cluster destroy`` cleans up). A failing
-step is raised as :class:`kubeplane.provision.steps.StepFailed` wrapping one of these.
+step stops the executor with :class:`kubeplane.plan.StepFailed` wrapping one of these.
 """
 
 from __future__ import annotations

@@ -1,16 +1,22 @@
 """``kubeplane cluster create``: check the host, then build the planned cluster step by step.
 
 :func:`preflight` only *reads* the host (toolchain cache, binaries, addresses, existing state).
-:func:`create` then runs named steps, each recorded in the cluster state before it acts, so
+:class:`Creation` is the creation as a :class:`kubeplane.plan.Plan` (what ``cluster create
+--dry-run`` prints) and the ``run_step`` the one executor (:func:`kubeplane.plan.execute`) runs it
+with. Every step records what it makes in the cluster state before it acts, so
 :func:`kubeplane.provision.teardown.destroy` can undo a half-made cluster as well as a whole one:
 
-``creating network`` → ``creating load balancer`` → ``creating registry`` (seeded with the
-images of every complete toolchain build in the cache, so an upgrade to another cached version
-pulls through it) → ``creating master nodes`` / ``creating worker nodes`` (one ``kubeplaned`` per
-node in its network namespace, in maintenance mode) → ``applying configs`` (insecure apply) →
-``bootstrapping`` (the first control plane node founds etcd) → ``writing client config and
-kubeconfig``. Waiting for health is the caller's (the CLI runs :mod:`kubeplane.ops.health`),
-because ``provision`` and ``ops`` are siblings that never import each other.
+``write cluster state`` (metadata and the secrets bundle) → ``create network`` → ``start load
+balancer`` → ``start registry`` (seeded with the images of every complete toolchain build in the
+cache, so an upgrade to another cached version pulls through it) → ``start master nodes`` /
+``start worker nodes`` (one ``kubeplaned`` per node in its network namespace, in maintenance mode,
+each waited for) → ``apply configs`` (insecure apply) → ``bootstrap etcd`` (the first control plane
+node founds etcd) → ``write client config and kubeconfig``. Waiting for health is a step the
+caller adds (the CLI runs :mod:`kubeplane.ops.health`), because ``provision`` and ``ops`` are
+siblings that never import each other.
+
+A creation is not resumed in place: the resume command of a failed one destroys the half-made
+cluster and creates it again.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kubeplane import api, retry
+from kubeplane import plan as plan_module
 from kubeplane.agent import owned
 from kubeplane.agent import services as agent_services
 from kubeplane.config import client as client_config
@@ -33,7 +40,6 @@ from kubeplane.provision import checkpointer_image, hostproc, machine, netns
 from kubeplane.provision import loadbalancer as lb
 from kubeplane.provision import registry as registry_mod
 from kubeplane.provision import state as state_mod
-from kubeplane.provision import steps as steps_mod
 from kubeplane.provision import toolchain as toolchain_mod
 from kubeplane.provision.cluster import (
     AGENT,
@@ -102,7 +108,7 @@ def preflight(
 
 @dataclasses.dataclass(frozen=True)
 class CreatedCluster:
-    """What :func:`create` made that the caller needs next (waits, printing)."""
+    """What a :class:`Creation` made that the caller needs next (waits, printing)."""
 
     name: str
     directory: Path
@@ -148,111 +154,209 @@ def registry_toolchains(cluster_paths: toolchain_mod.ToolchainPaths) -> list[too
     return [cluster_paths, *others]
 
 
-def create(
-    cluster_plan: ClusterPlan,
-    *,
-    toolchain_paths: toolchain_mod.ToolchainPaths,
-    client_config_path: Path,
-    progress: steps_mod.Progress = steps_mod.no_progress,
-    state_root: Path | None = None,
-    step_timeout: float = 120.0,
-) -> CreatedCluster:
-    """Create the cluster of ``cluster_plan`` (after :func:`preflight`); see the module docstring."""
-    cluster = state_mod.ClusterState.open(cluster_plan.name, root=state_root)
-    meta = ClusterMeta(
-        endpoint=cluster_plan.endpoint, kubernetes_version=cluster_plan.request.kubernetes_version
-    )
-    meta.save(cluster.directory)
-    write_secrets_bundle(cluster.directory, cluster_plan.secrets)
-    steps = steps_mod.Steps(cluster.directory / "logs", progress)
-    roles = {node.name: node.role for node in cluster_plan.nodes}
+KIND_STATE = "write"
+KIND_NETWORK = "create"
+KIND_START = "start"
+KIND_APPLY = "apply"
+KIND_BOOTSTRAP = "bootstrap"
 
-    with steps.step("creating network", cluster_plan.network.bridge):
-        netns.create(cluster_plan.network, cluster, roles=roles)
+#: What a re-run of a failed creation does (its resume command destroys and creates again).
+RERUN = "the half-made cluster stays for inspection until destroyed; the creation starts over"
 
-    with steps.step("creating load balancer", f"{cluster_plan.network.host_ip}:{lb.API_PORT}"):
+
+def _step(kind: str, component: str, target: str, node: str = "") -> plan_module.Step:
+    return plan_module.Step(kind=kind, component=component, node=node, current="", target=target)
+
+
+class Creation:
+    """The creation of ``cluster_plan`` (after :func:`preflight`): its plan and how to run each step."""
+
+    def __init__(
+        self,
+        cluster_plan: ClusterPlan,
+        *,
+        toolchain_paths: toolchain_mod.ToolchainPaths,
+        client_config_path: Path,
+        progress: plan_module.Progress | None = None,
+        state_root: Path | None = None,
+        step_timeout: float = 120.0,
+    ) -> None:
+        self.cluster_plan = cluster_plan
+        self.toolchain_paths = toolchain_paths
+        self.client_config_path = client_config_path
+        self.progress = progress if progress is not None else plan_module.RecordingProgress()
+        self.state_root = state_root
+        self.step_timeout = step_timeout
+        context_name, context = client_config.current(cluster_plan.client_config)
+        self._context_name = context_name
+        self.credentials = api.Credentials(
+            ca=context.ca_pem, cert=context.client.cert, key=context.client.key
+        )
+        self._cluster: state_mod.ClusterState | None = None
+        self._meta = ClusterMeta(
+            endpoint=cluster_plan.endpoint, kubernetes_version=cluster_plan.request.kubernetes_version
+        )
+
+    def plan(self) -> plan_module.Plan:
+        """The steps, in the order :meth:`run_step` takes them."""
+        cluster_plan = self.cluster_plan
+        network = cluster_plan.network
+        directory = state_mod.cluster_dir(cluster_plan.name, root=self.state_root)
+        seeded = "the images of every complete cached toolchain build"
+        if cluster_plan.request.self_hosted:
+            seeded += " and the pod-checkpointer image"
+        steps = [
+            _step(KIND_STATE, "cluster state", f"{directory} (metadata, secrets bundle)"),
+            _step(
+                KIND_NETWORK, "network", f"bridge {network.bridge} on {network.cidr}, a namespace per node"
+            ),
+            _step(
+                KIND_START,
+                "load balancer",
+                f"haproxy on {network.host_ip}:{lb.API_PORT} to {len(cluster_plan.controlplanes)} "
+                "control plane nodes",
+            ),
+            _step(KIND_START, "registry", f"{cluster_plan.registry_url} holding {seeded}"),
+        ]
+        for role, title in (("controlplane", "master nodes"), ("worker", "worker nodes")):
+            members = [node for node in cluster_plan.nodes if node.role == role]
+            if members:
+                names = ", ".join(f"{node.name} ({node.ip})" for node in members)
+                steps.append(_step(KIND_START, title, f"{AGENT} in maintenance mode on {names}"))
+        steps.append(_step(KIND_APPLY, "configs", f"{len(cluster_plan.nodes)} machine configs (insecure)"))
+        first = cluster_plan.controlplanes[0]
+        founding = "self-hosted control plane" if cluster_plan.request.self_hosted else "static pods"
+        steps.append(_step(KIND_BOOTSTRAP, "etcd", f"founded here, {founding}", node=first.ip))
+        steps.append(_step(KIND_STATE, "client config and kubeconfig", str(self.client_config_path)))
+        return plan_module.Plan(
+            title=f"create cluster {cluster_plan.name!r} ({cluster_plan.request.kubernetes_version})",
+            steps=tuple(steps),
+            rerun=RERUN,
+        )
+
+    async def run_step(self, step: plan_module.Step) -> plan_module.Outcome:
+        """Run one step (in a thread: the node API calls of a step run their own event loop)."""
+        handlers: dict[str, Callable[[], None]] = {
+            "cluster state": self._state,
+            "network": self._network,
+            "load balancer": self._load_balancer,
+            "registry": self._registry,
+            "master nodes": lambda: self._nodes("controlplane"),
+            "worker nodes": lambda: self._nodes("worker"),
+            "configs": self._configs,
+            "etcd": self._bootstrap,
+            "client config and kubeconfig": self._client_config,
+        }
+        await asyncio.to_thread(handlers[step.component])
+        return plan_module.CHANGED
+
+    def created(self) -> CreatedCluster:
+        """What the steps made that the caller needs next (waits, printing)."""
+        return CreatedCluster(
+            name=self.cluster_plan.name,
+            directory=self.cluster.directory,
+            endpoint=self.cluster_plan.endpoint,
+            kubeconfig=self.cluster.directory / "kubeconfig",
+            client_config_path=self.client_config_path,
+            controlplanes=tuple(node.ip for node in self.cluster_plan.controlplanes),
+            workers=tuple(node.ip for node in self.cluster_plan.workers),
+            credentials=self.credentials,
+        )
+
+    @property
+    def cluster(self) -> state_mod.ClusterState:
+        if self._cluster is None:
+            raise CreateError("the cluster state is written by the first step")
+        return self._cluster
+
+    # -- the steps --
+
+    def _state(self) -> None:
+        self._cluster = state_mod.ClusterState.open(self.cluster_plan.name, root=self.state_root)
+        self._meta.save(self._cluster.directory)
+        write_secrets_bundle(self._cluster.directory, self.cluster_plan.secrets)
+
+    def _network(self) -> None:
+        roles = {node.name: node.role for node in self.cluster_plan.nodes}
+        netns.create(self.cluster_plan.network, self.cluster, roles=roles)
+
+    def _load_balancer(self) -> None:
+        cluster = self.cluster
         haproxy = lb.HAProxy(directory=cluster.directory / "haproxy")
         cluster.dirs["haproxy"] = str(haproxy.directory)
         haproxy.write_config(
-            bind_address=cluster_plan.network.host_ip,
-            backends=[lb.Backend(name=node.name, address=node.ip) for node in cluster_plan.controlplanes],
+            bind_address=self.cluster_plan.network.host_ip,
+            backends=[
+                lb.Backend(name=node.name, address=node.ip) for node in self.cluster_plan.controlplanes
+            ],
         )
         cluster.processes["haproxy"] = haproxy.start()
         cluster.save()
 
-    with steps.step("creating registry", cluster_plan.registry_url) as log:
+    def _registry(self) -> None:
+        cluster = self.cluster
         registry = registry_mod.Registry(
-            directory=cluster.directory / "registry", address=cluster_plan.network.host_ip
+            directory=cluster.directory / "registry", address=self.cluster_plan.network.host_ip
         )
         cluster.dirs["registry"] = str(registry.directory)
         cluster.processes["registry"] = registry.start()
         cluster.save()
+        log = cluster.directory / "logs" / "registry-seed.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("a") as out:
-            for paths in registry_toolchains(toolchain_paths):
+            for paths in registry_toolchains(self.toolchain_paths):
                 for name, tar in paths.images.items():
                     ref = paths.image_ref(name)
                     pushed = registry.push(tar, ref)
                     out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
-            if cluster_plan.request.self_hosted:
-                image = checkpointer_image.Builder().ensure(progress=progress)
+            if self.cluster_plan.request.self_hosted:
+                image = checkpointer_image.Builder().ensure(progress=self.progress)
                 pushed = registry.push(image.archive, image.ref)
                 out.write(f"{image.ref}: {'pushed' if pushed else 'already present'}\n")
 
-    command = agent_command()
-    for role, title in (("controlplane", "creating master nodes"), ("worker", "creating worker nodes")):
-        members = [node for node in cluster_plan.nodes if node.role == role]
-        if not members:
-            continue
-        with steps.step(title, ", ".join(node.name for node in members)):
-            for node in members:
-                _start_agent(cluster, node, command=command)
-            for node in members:
-                _wait_maintenance(cluster.node(node.name), timeout=step_timeout)
+    def _nodes(self, role: str) -> None:
+        command = agent_command()
+        members = [node for node in self.cluster_plan.nodes if node.role == role]
+        for node in members:
+            _start_agent(self.cluster, node, command=command)
+        for node in members:
+            _wait_maintenance(self.cluster.node(node.name), timeout=self.step_timeout)
 
-    with steps.step("applying configs"):
-        for node in cluster_plan.nodes:
-            _apply(cluster.node(node.name), node.config, timeout=step_timeout)
+    def _configs(self) -> None:
+        for node in self.cluster_plan.nodes:
+            _apply(self.cluster.node(node.name), node.config, timeout=self.step_timeout)
 
-    context_name, context = client_config.current(cluster_plan.client_config)
-    credentials = api.Credentials(ca=context.ca_pem, cert=context.client.cert, key=context.client.key)
-    first = cluster.node(cluster_plan.controlplanes[0].name)
-    with steps.step("bootstrapping", first.name):
+    def _bootstrap(self) -> None:
+        first = self.cluster.node(self.cluster_plan.controlplanes[0].name)
         _retry(
-            lambda: _run(_bootstrap(first.ip, credentials, request=cluster_plan.request)),
-            timeout=step_timeout,
+            lambda: _run(_bootstrap(first.ip, self.credentials, request=self.cluster_plan.request)),
+            timeout=self.step_timeout,
             what=f"bootstrap of {first.name} ({first.ip})",
             hint=node_hint(first),
         )
 
-    kubeconfig_path = cluster.directory / "kubeconfig"
-    with steps.step("writing client config and kubeconfig", str(client_config_path)):
+    def _client_config(self) -> None:
+        cluster, meta, path = self.cluster, self._meta, self.client_config_path
+        first = cluster.node(self.cluster_plan.controlplanes[0].name)
         merged, renames = client_config.merge(
-            _without(client_config.load(client_config_path), context_name), cluster_plan.client_config
+            _without(client_config.load(path), self._context_name), self.cluster_plan.client_config
         )
-        client_config.save(merged, client_config_path)
-        meta.client_config_path = str(client_config_path)
-        meta.context = renames.get(context_name, context_name)
+        client_config.save(merged, path)
+        meta.client_config_path = str(path)
+        meta.context = renames.get(self._context_name, self._context_name)
         meta.save(cluster.directory)
         text = _retry(
-            lambda: _run(_kubeconfig(first.ip, credentials)),
-            timeout=step_timeout,
+            lambda: _run(_kubeconfig(first.ip, self.credentials)),
+            timeout=self.step_timeout,
             what=f"fetching the admin kubeconfig from {first.name}",
             hint=node_hint(first),
         )
+        kubeconfig_path = cluster.directory / "kubeconfig"
         write_kubeconfig(kubeconfig_path, text)
         meta.kubeconfig = str(kubeconfig_path)
         meta.save(cluster.directory)
-
-    return CreatedCluster(
-        name=cluster_plan.name,
-        directory=cluster.directory,
-        endpoint=cluster_plan.endpoint,
-        kubeconfig=kubeconfig_path,
-        client_config_path=client_config_path,
-        controlplanes=tuple(node.ip for node in cluster_plan.controlplanes),
-        workers=tuple(node.ip for node in cluster_plan.workers),
-        credentials=credentials,
-    )
+        self.progress.info(f"merged context {meta.context!r} into {path} (current)")
+        self.progress.info(f"kubeconfig: {kubeconfig_path}")
 
 
 def _without(config: client_config.ClientConfig, name: str) -> client_config.ClientConfig:

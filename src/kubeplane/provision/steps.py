@@ -1,38 +1,37 @@
-"""Named, timed, logged steps for long provisioning work (toolchain builds, later clusters).
+"""Logged commands for long provisioning work (toolchain and checkpointer image builds).
 
-A step is a name, a log file and a stopwatch. ``Steps.step(name)`` is a context manager that
-reports ``start`` and ``done`` (or ``failed``) events with the elapsed time to a progress
-callback; ``Steps.run(argv)`` runs one command inside the current step with its output appended
-to the step's log file. A failing command or an exception raised inside a step turns into
+``Steps.step(name)`` is a context manager for one step with a log file and a stopwatch;
+``Steps.run(argv)`` runs one command inside the current step with its output appended to the
+step's log file. A failing command or an exception raised inside a step turns into
 :class:`StepFailed`, which names the step, says what went wrong, quotes the last lines of the
 log and points at the whole log, so a user never has to guess which of twenty minutes of
 output matters.
 
-Commands are run with their output going to the log file only (never to the terminal): the
-progress callback is the single voice towards the user, and heartbeats (``running`` events)
-keep a long step visibly alive.
+Progress goes to a :class:`kubeplane.plan.Progress`, the same events every plan's executor
+reports (so the CLI has one display for all of them): a step starts, finishes (``changed``;
+``skipped`` for a cached one) or fails, and a running command's heartbeat is an ``info`` line.
+Commands' output goes to the log file only (never to the terminal): the progress display is the
+single voice towards the user, and heartbeats keep a long step visibly alive.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import os
 import subprocess
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+
+from kubeplane import plan as plan_module
 
 #: How often a running command reports that it is still alive.
 HEARTBEAT_SECONDS = 30.0
 
 #: How many lines of the log a failure message quotes.
 TAIL_LINES = 15
-
-State = Literal["start", "running", "done", "cached", "failed"]
 
 
 class StepError(Exception):
@@ -55,30 +54,6 @@ class StepFailed(StepError):
         super().__init__(text)
 
 
-@dataclasses.dataclass(frozen=True)
-class StepEvent:
-    """One progress report: a step started, is still running, finished, was cached or failed."""
-
-    step: str
-    state: State
-    elapsed: float
-    detail: str = ""
-
-
-Progress = Callable[[StepEvent], None]
-
-
-def no_progress(event: StepEvent) -> None:
-    """A progress callback that drops every event."""
-    del event
-
-
-def format_event(event: StepEvent) -> str:
-    """One human line for a progress event, e.g. ``[  12.3s] build: done (kube-apiserver ...)``."""
-    text = f"[{event.elapsed:7.1f}s] {event.step}: {event.state}"
-    return f"{text} ({event.detail})" if event.detail else text
-
-
 def _tail(log: Path, lines: int = TAIL_LINES) -> list[str]:
     try:
         with log.open("r", errors="replace") as handle:
@@ -88,20 +63,33 @@ def _tail(log: Path, lines: int = TAIL_LINES) -> list[str]:
 
 
 class Steps:
-    """Runs named steps with one log file each under ``log_dir`` and reports progress."""
+    """Runs named steps with one log file each under ``log_dir`` and reports them to ``progress``.
 
-    def __init__(self, log_dir: Path, progress: Progress = no_progress) -> None:
+    Each step is reported as a :class:`kubeplane.plan.Step` of ``kind`` (``toolchain``,
+    ``image``) on this host, numbered in order (the total is not known in advance).
+    """
+
+    def __init__(self, log_dir: Path, progress: plan_module.Progress | None = None, *, kind: str) -> None:
         self.log_dir = log_dir
-        self.progress = progress
+        self.progress = progress if progress is not None else plan_module.RecordingProgress()
+        self.kind = kind
+        self._count = 0
         self._current: tuple[str, Path, float] | None = None
 
     def log_path(self, name: str) -> Path:
         """Where the log of step ``name`` goes."""
         return self.log_dir / f"{name}.log"
 
+    def _started(self, name: str, detail: str) -> tuple[int, plan_module.Step]:
+        self._count += 1
+        step = plan_module.Step(self.kind, name, "", "", detail, place="on this host")
+        self.progress.step_started(self._count, 0, step)
+        return self._count, step
+
     def cached(self, name: str, detail: str = "") -> None:
         """Report that step ``name`` had nothing to do."""
-        self.progress(StepEvent(name, "cached", 0.0, detail))
+        index, step = self._started(name, detail)
+        self.progress.step_finished(index, step, plan_module.SKIPPED, 0.0)
 
     @contextlib.contextmanager
     def step(self, name: str, detail: str = "") -> Iterator[Path]:
@@ -111,22 +99,23 @@ class Steps:
         log.write_text("")
         started = time.monotonic()
         self._current = (name, log, started)
-        self.progress(StepEvent(name, "start", 0.0, detail))
+        index, step = self._started(name, detail)
         try:
             yield log
         except StepFailed as exc:
-            self.progress(StepEvent(name, "failed", time.monotonic() - started, exc.reason))
+            self.progress.step_failed(index, step, exc, time.monotonic() - started)
             raise
         except Exception as exc:
             # Any error inside a step is reported as that step's failure; the traceback goes
             # to the log so a programming error is still diagnosable.
             with log.open("a") as handle:
                 handle.write("".join(traceback.format_exception(exc)))
-            self.progress(StepEvent(name, "failed", time.monotonic() - started, str(exc)))
-            raise StepFailed(step=name, reason=str(exc), log=log) from exc
+            failed = StepFailed(step=name, reason=str(exc), log=log)
+            self.progress.step_failed(index, step, failed, time.monotonic() - started)
+            raise failed from exc
         finally:
             self._current = None
-        self.progress(StepEvent(name, "done", time.monotonic() - started))
+        self.progress.step_finished(index, step, plan_module.CHANGED, time.monotonic() - started)
 
     def run(
         self,
@@ -181,7 +170,10 @@ class Steps:
             except subprocess.TimeoutExpired:
                 last = next((line.strip() for line in reversed(_tail(log, 5)) if line.strip()), "")
                 detail = last if len(last) <= 80 else last[:77] + "..."
-                self.progress(StepEvent(name, "running", time.monotonic() - started, detail))
+                elapsed = time.monotonic() - started
+                self.progress.info(
+                    f"{name}: still running after {elapsed:.0f}s" + (f": {detail}" if detail else "")
+                )
 
 
 def env_with(overrides: Mapping[str, str]) -> dict[str, str]:

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from kubeplane import fileio
+from kubeplane import plan as plan_module
 from kubeplane.config import toolchain_cache as cache_layout
 from kubeplane.provision import images as images_mod
 from kubeplane.provision import steps as steps_mod
@@ -289,12 +290,12 @@ class Toolchain:
 
     # -- the pipeline ---------------------------------------------------------------------
 
-    def ensure(self, version: str, *, progress: steps_mod.Progress = steps_mod.no_progress) -> ToolchainPaths:
+    def ensure(self, version: str, *, progress: plan_module.Progress | None = None) -> ToolchainPaths:
         """Build whatever of ``version`` is missing or corrupt; returns its paths when complete."""
         upstream = parse_version(version)
         paths = self.paths(version)
         with self._lock():
-            steps = steps_mod.Steps(self.cache_dir / "logs" / version, progress)
+            steps = steps_mod.Steps(self.cache_dir / "logs" / version, progress, kind="toolchain")
             run = _Build(self, steps=steps, paths=paths, upstream=upstream)
             run.execute()
         return paths

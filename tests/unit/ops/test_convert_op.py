@@ -11,6 +11,7 @@ import pytest
 from kubernetes.client import ApiException
 
 from kubeplane import config as machine_config
+from kubeplane import plan
 from kubeplane.clients.errors import KubeUnavailable
 from kubeplane.config import generate as gen
 from kubeplane.ops import convert
@@ -149,8 +150,23 @@ class FakeEnv:
         self.crashing = {(n, c) for n, c in self.crashing if n != node}
 
 
+class Lines(plan.RecordingProgress):
+    """Everything the run says, in order: its own lines and its steps' messages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def info(self, message: str) -> None:
+        self.lines.append(message)
+
+    def retrying(self, message: str) -> None:
+        self.lines.append(f"retrying error: {message}")
+
+
 def _run(env: FakeEnv, *, answers: list[bool] | None = None, force: bool = True) -> list[str]:
-    lines: list[str] = []
+    said = Lines()
+    lines = said.lines
     asked: list[str] = []
 
     def confirm(prompt: str) -> bool:
@@ -158,7 +174,7 @@ def _run(env: FakeEnv, *, answers: list[bool] | None = None, force: bool = True)
         return (answers or []).pop(0)
 
     options = convert.Options(force=force, interval=0, checkpoint_interval=0)
-    converter = convert.Converter(env, options=options, echo=lines.append, confirm=confirm)
+    converter = convert.Converter(env, options=options, echo=lines.append, confirm=confirm, progress=said)
     try:
         asyncio.run(converter.run())
     finally:
@@ -208,13 +224,18 @@ def test_no_at_second_prompt_keeps_self_hosted() -> None:
 
 def test_rerun_after_partial_patch_reuses_the_aggregator_ca() -> None:
     env = FakeEnv(configs={ip: _config() for ip, _ in NODES}, fail_apply_after=1)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(plan.StepFailed) as caught:
         _run(env)
+    assert isinstance(caught.value.cause, RuntimeError)
+    assert "step 2/7 failed: patch machine config on node 10.0.0.3: simulated kill" in str(caught.value)
     first = machine_config.load(env.configs["10.0.0.2"]).model.cluster.aggregator_ca
     assert first is not None
     env.fail_apply_after = None
     lines = _run(env)
-    assert "reusing the aggregator CA an earlier run patched into the machine configs" in lines
+    assert "reusing the aggregator CA already patched into a control plane machine config" in lines
+    # The node the first run patched is found done; only the other one is patched again.
+    assert 'master node "10.0.0.2" configuration is already patched' in lines
+    assert 'patching master node "10.0.0.2" configuration' not in lines
     for text in env.configs.values():
         ca = machine_config.load(text).model.cluster.aggregator_ca
         assert ca is not None and ca.crt == first.crt
@@ -301,8 +322,10 @@ def test_an_old_container_that_never_stops_fails_naming_the_node() -> None:
         echo=lambda _: None,
         confirm=lambda _: True,
     )
-    with pytest.raises(WaitTimeout, match=r'old kube-apiserver containers on node "10.0.0.3".*re-run'):
-        asyncio.run(converter.run())
+    with pytest.raises(plan.StepFailed, match=r'old kube-apiserver containers on node "10.0.0.3"') as caught:
+        asyncio.run(converter.run(resume="kubeplane convert-k8s --force"))
+    assert isinstance(caught.value.cause, WaitTimeout)
+    assert "re-run `kubeplane convert-k8s --force` to continue" in str(caught.value)
     assert env.restarted == []
 
 

@@ -148,21 +148,6 @@ def test_local_cluster_rotation_drains_and_restores_by_server_name(
     assert cli_upgrade.local_rotation(["10.5.0.99"]) is None
 
 
-def test_repeated_wait_messages_are_throttled(capsys: pytest.CaptureFixture[str]) -> None:
-    now = [0.0]
-    progress = cli_upgrade.PrintProgress(clock=lambda: now[0])
-    for seconds in (0.0, 1.5, 3.0, 11.0):
-        now[0] = seconds
-        progress.retrying('config version mismatch: got "2", expected "3"')
-    progress.retrying("pod is not Ready yet")
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split(" ", 2)[2] for line in lines] == [
-        'retrying error: config version mismatch: got "2", expected "3"',
-        'retrying error: config version mismatch: got "2", expected "3"',
-        "retrying error: pod is not Ready yet",
-    ]
-
-
 def test_a_running_operation_refuses_a_second_one(fake: FakeCluster) -> None:
     other = oplock.Holder("convert-k8s", "jumphost", 4242)
     stamp = datetime.datetime.now(datetime.UTC)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from ops_fakes import NODES, Broken, FakeClock, FakeCluster
 
-from kubeplane.ops import plan as plan_module
+from kubeplane import plan as plan_module
 from kubeplane.ops import upgrade
 from kubeplane.ops.upgrader import Upgrader
 

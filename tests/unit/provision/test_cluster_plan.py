@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -112,15 +113,22 @@ def test_mistakes_are_plan_errors(
     assert message in str(caught.value)
 
 
-def test_cli_bad_patch_fails_before_any_side_effect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _forbid(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *names: str) -> None:
+    """State and client config under ``tmp_path``; ``names`` of the create module and the network
+    creation fail the test when called."""
     monkeypatch.setenv("KUBEPLANE_STATE", str(tmp_path / "state"))
     monkeypatch.setenv("KUBEPLANECONFIG", str(tmp_path / "config"))
 
     def forbidden(*args: object, **kwargs: object) -> None:
-        raise AssertionError("create must not run when the request is invalid")
+        raise AssertionError("nothing on the host may change here")
 
-    monkeypatch.setattr(create_mod, "create", forbidden)
+    for name in names:
+        monkeypatch.setattr(create_mod, name, forbidden)
     monkeypatch.setattr(create_mod.netns, "create", forbidden)
+
+
+def test_cli_bad_patch_fails_before_any_side_effect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _forbid(monkeypatch, tmp_path, "Creation")
     result = CliRunner().invoke(
         cluster_cli.cluster,
         [
@@ -133,7 +141,36 @@ def test_cli_bad_patch_fails_before_any_side_effect(tmp_path: Path, monkeypatch:
     )
     assert result.exit_code == 1, result.output
     assert "config patch #1" in result.output and "nothing was created" in result.output
-    assert "creating network" not in result.output
+    assert "network" not in result.output and "[1/" not in result.output
+    assert not (tmp_path / "state").exists() and not (tmp_path / "config").exists()
+
+
+def test_cli_dry_run_prints_every_creation_step_and_creates_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _forbid(monkeypatch, tmp_path, "preflight")
+    result = CliRunner().invoke(
+        cluster_cli.cluster,
+        ["create", "--name", "demo", "--controlplanes", "3", "--workers", "1", "--dry-run"],
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    steps = [m[1] for line in lines if (m := re.match(r"^ +\d+\. ([^:]+):", line))]
+    assert steps == [
+        "write cluster state cluster-wide",
+        "create network cluster-wide",
+        "start load balancer cluster-wide",
+        "start registry cluster-wide",
+        "start master nodes cluster-wide",
+        "start worker nodes cluster-wide",
+        "apply configs cluster-wide",
+        "bootstrap etcd on node 10.5.0.2",
+        "write client config and kubeconfig cluster-wide",
+        "wait cluster health cluster-wide",
+    ]
+    assert any("demo-controlplane-3 (10.5.0.4)" in line for line in lines)
+    assert any("haproxy on 10.5.0.1:6443 to 3 control plane nodes" in line for line in lines)
+    assert lines[-1] == "dry run: nothing was changed"
     assert not (tmp_path / "state").exists() and not (tmp_path / "config").exists()
 
 
