@@ -17,6 +17,7 @@ each and serve them in turn.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import dns.exception
 import dns.flags
@@ -213,11 +214,16 @@ def _header_reply(data: bytes, rcode: dns.rcode.Rcode) -> bytes:
     return data[:2] + bytes([flags, int(rcode) & 0x0F]) + bytes(8)
 
 
+#: dnspython shuffles every record set it renders by default; the order is ours to choose (the
+#: table's, rotated for ``loadbalance``) so that cached rotations are distinct and repeatable.
+_IN_ORDER: dict[str, Any] = {"want_shuffle": False}
+
+
 def _render(response: dns.message.Message, query: dns.message.Message, tcp: bool) -> Reply:
     """Wire form; a UDP reply over the client's limit is sent empty with TC (it retries on TCP)."""
     limit = TCP_LIMIT if tcp else max(UDP_LIMIT, query.payload if query.edns >= 0 else UDP_LIMIT)
     try:
-        return Reply(response.to_wire(max_size=limit))
+        return Reply(response.to_wire(max_size=limit, **_IN_ORDER))
     except dns.exception.TooBig:
         short = _response(query)
         short.set_rcode(response.rcode())

@@ -59,7 +59,8 @@ class _Entry:
 
     def __init__(self, templates: list[bytes]) -> None:
         self.templates = templates
-        self.next = 0
+        # The slow path that made the entry has just sent the first rotation.
+        self.next = 1 % len(templates)
 
     def serve(self, data: bytes, end: int) -> bytes:
         template = self.templates[self.next]
