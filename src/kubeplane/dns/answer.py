@@ -220,15 +220,27 @@ _IN_ORDER: dict[str, Any] = {"want_shuffle": False}
 
 
 def _render(response: dns.message.Message, query: dns.message.Message, tcp: bool) -> Reply:
-    """Wire form; a UDP reply over the client's limit is sent empty with TC (it retries on TCP)."""
+    """Wire form within the client's limit.
+
+    A UDP reply that does not fit first loses its additional records (the client can ask for
+    them; RFC 2181 9: no TC for that); if it still does not fit it goes out empty with TC, and the
+    client retries over TCP.
+    """
     limit = TCP_LIMIT if tcp else max(UDP_LIMIT, query.payload if query.edns >= 0 else UDP_LIMIT)
     try:
         return Reply(response.to_wire(max_size=limit, **_IN_ORDER))
     except dns.exception.TooBig:
-        short = _response(query)
-        short.set_rcode(response.rcode())
-        short.flags |= dns.flags.TC
-        return Reply(short.to_wire())
+        pass
+    if response.additional:
+        response.additional = []
+        try:
+            return Reply(response.to_wire(max_size=limit, **_IN_ORDER))
+        except dns.exception.TooBig:
+            pass
+    short = _response(query)
+    short.set_rcode(response.rcode())
+    short.flags |= dns.flags.TC
+    return Reply(short.to_wire())
 
 
 def respond(

@@ -110,26 +110,45 @@ def _label(text: str) -> dns.name.Name:
 
 
 class _Builder:
-    """Collects one Service's records: sets per name and type, then sorted tuples."""
+    """Collects one Service's records as plain values, then makes each rdata once, in order.
+
+    Values, not rdatas, are collected: hashing or sorting a dnspython rdata renders it to wire
+    form, which made a 10-endpoint headless Service cost milliseconds.
+    """
 
     def __init__(self) -> None:
-        self.names: dict[dns.name.Name, dict[dns.rdatatype.RdataType, set[dns.rdata.Rdata]]] = {}
+        self.addresses: dict[dns.name.Name, set[IPAddress]] = {}
+        self.services: dict[dns.name.Name, set[tuple[int, dns.name.Name]]] = {}
+        self.aliases: dict[dns.name.Name, dns.name.Name] = {}
         self.pointers: dict[dns.name.Name, set[dns.name.Name]] = {}
 
-    def add(self, name: dns.name.Name, rdata: dns.rdata.Rdata) -> None:
-        self.names.setdefault(name, {}).setdefault(rdata.rdtype, set()).add(rdata)
+    def address(self, name: dns.name.Name, address: IPAddress, *, pointer: bool = True) -> None:
+        """An A/AAAA record at ``name``, and the PTR that points back to it unless told not to."""
+        self.addresses.setdefault(name, set()).add(address)
+        if pointer:
+            self.pointers.setdefault(dns.reversename.from_address(str(address)), set()).add(name)
 
-    def address(self, name: dns.name.Name, address: IPAddress) -> None:
-        """An A/AAAA record at ``name`` and the PTR that points back to it."""
-        self.add(name, address_rdata(address))
-        self.pointers.setdefault(dns.reversename.from_address(str(address)), set()).add(name)
+    def service(self, name: dns.name.Name, port: int, target: dns.name.Name) -> None:
+        """An SRV record ``0 100 <port> <target>`` at ``name``."""
+        self.services.setdefault(name, set()).add((port, target))
 
     def build(self) -> ServiceRecords:
+        names: dict[dns.name.Name, dict[dns.rdatatype.RdataType, tuple[dns.rdata.Rdata, ...]]] = {}
+        for name, addresses in self.addresses.items():
+            ordered = sorted(addresses, key=lambda address: (address.version, int(address)))
+            for rdtype, version in ((A, 4), (AAAA, 6)):
+                rdatas = tuple(address_rdata(address) for address in ordered if address.version == version)
+                if rdatas:
+                    names.setdefault(name, {})[rdtype] = rdatas
+        for name, entries in self.services.items():
+            names.setdefault(name, {})[SRV] = tuple(
+                make_rdata(dns.rdtypes.IN.SRV.SRV, SRV, 0, 100, port, target)
+                for port, target in sorted(entries)
+            )
+        for name, target in self.aliases.items():
+            names[name] = {CNAME: (make_rdata(dns.rdtypes.ANY.CNAME.CNAME, CNAME, target),)}
         return ServiceRecords(
-            names={
-                name: {rdtype: tuple(sorted(rdatas)) for rdtype, rdatas in by_type.items()}
-                for name, by_type in self.names.items()
-            },
+            names=names,
             pointers={name: tuple(sorted(targets)) for name, targets in self.pointers.items()},
         )
 
@@ -167,16 +186,15 @@ def service_records(service: Mapping[str, Any], slices: Iterable[Mapping[str, An
         except dns.exception.DNSException:
             return builder.build()
         if len(target) > 1:
-            builder.add(base, make_rdata(dns.rdtypes.ANY.CNAME.CNAME, CNAME, target))
+            builder.aliases[base] = target
         return builder.build()
     cluster_ips = spec.get("clusterIPs") or [spec.get("clusterIP")]
     if cluster_ips != ["None"]:
         for address in _addresses(cluster_ips):
             builder.address(base, address)
-        if builder.names:
+        if builder.addresses:
             for port_name, protocol, number in _named_ports(spec.get("ports")):
-                srv = make_rdata(dns.rdtypes.IN.SRV.SRV, SRV, 0, 100, number, base)
-                builder.add(_srv_name(port_name, protocol, base), srv)
+                builder.service(_srv_name(port_name, protocol, base), number, base)
         return builder.build()
     _headless(builder, base, slices, bool(spec.get("publishNotReadyAddresses")))
     return builder.build()
@@ -199,11 +217,11 @@ def _headless(
                     host = _label(str(endpoint.get("hostname") or dashed)).concatenate(base)
                 except dns.exception.DNSException:
                     continue
-                builder.add(base, address_rdata(address))
+                # PTRs point at the hostname name only (specification 2.4.3).
+                builder.address(base, address, pointer=False)
                 builder.address(host, address)
                 for port_name, protocol, number in ports:
-                    srv = make_rdata(dns.rdtypes.IN.SRV.SRV, SRV, 0, 100, number, host)
-                    builder.add(_srv_name(port_name, protocol, base), srv)
+                    builder.service(_srv_name(port_name, protocol, base), number, host)
 
 
 def pod_address(name: dns.name.Name) -> tuple[str, IPAddress] | None:
@@ -249,11 +267,13 @@ class Table:
             owner = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL)
             if owner:
                 grouped.setdefault((str(meta.get("namespace")), str(owner)), []).append(endpoint_slice)
+        # Built in place (the table is not shared yet): one copy per Service would be quadratic.
         table = cls()
         for service in services:
             meta = service.get("metadata") or {}
             key = (str(meta.get("namespace")), str(meta.get("name")))
-            table = table.with_service(key, service, grouped.get(key, ()))
+            table._remove(key)
+            table._add(key, service_records(service, grouped.get(key, ())))
         return table
 
     @property
@@ -289,27 +309,36 @@ class Table:
         table._names = dict(self._names)
         table._below = dict(self._below)
         table._pointers = dict(self._pointers)
-        old = table._services.pop(key, None)
-        if old is not None:
-            for name in old.names:
-                del table._names[name]
-                for ancestor in _ancestors(name):
-                    table._below[ancestor] -= 1
-                    if not table._below[ancestor]:
-                        del table._below[ancestor]
-            for reverse_name in old.pointers:
-                kept = tuple(entry for entry in table._pointers[reverse_name] if entry[0] != key)
-                if kept:
-                    table._pointers[reverse_name] = kept
-                else:
-                    del table._pointers[reverse_name]
+        table._remove(key)
         if new is not None:
-            table._services[key] = new
-            for name, records in new.names.items():
-                table._names[name] = records
-                for ancestor in _ancestors(name):
-                    table._below[ancestor] = table._below.get(ancestor, 0) + 1
-            for reverse_name, targets in new.pointers.items():
-                added = tuple((key, target) for target in targets)
-                table._pointers[reverse_name] = table._pointers.get(reverse_name, ()) + added
+            table._add(key, new)
         return table
+
+    def _remove(self, key: ServiceKey) -> None:
+        """Drop a Service's records from this (new, not yet shared) table."""
+        old = self._services.pop(key, None)
+        if old is None:
+            return
+        for name in old.names:
+            del self._names[name]
+            for ancestor in _ancestors(name):
+                self._below[ancestor] -= 1
+                if not self._below[ancestor]:
+                    del self._below[ancestor]
+        for reverse_name in old.pointers:
+            kept = tuple(entry for entry in self._pointers[reverse_name] if entry[0] != key)
+            if kept:
+                self._pointers[reverse_name] = kept
+            else:
+                del self._pointers[reverse_name]
+
+    def _add(self, key: ServiceKey, new: ServiceRecords) -> None:
+        """Add a Service's records to this (new, not yet shared) table; it has none yet."""
+        self._services[key] = new
+        for name, records in new.names.items():
+            self._names[name] = records
+            for ancestor in _ancestors(name):
+                self._below[ancestor] = self._below.get(ancestor, 0) + 1
+        for reverse_name, targets in new.pointers.items():
+            added = tuple((key, target) for target in targets)
+            self._pointers[reverse_name] = self._pointers.get(reverse_name, ()) + added

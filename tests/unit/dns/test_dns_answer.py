@@ -293,6 +293,15 @@ def test_udp_overflow_sets_tc_and_tcp_carries_everything() -> None:
     assert not edns.flags & dns.flags.TC and len(edns.answer[0]) == 100 and edns.edns == 0
 
 
+def test_udp_overflow_drops_additionals_before_truncating() -> None:
+    table = big_headless(12)
+    data = query("_http._tcp.big.default.svc.cluster.local.", "SRV").to_wire()
+    udp = reply_of(respond(table, CONFIG, data))
+    assert not udp.flags & dns.flags.TC and len(udp.answer[0]) == 12 and not udp.additional
+    tcp = reply_of(respond(table, CONFIG, data, tcp=True))
+    assert len(tcp.answer[0]) == 12 and len(tcp.additional) == 12
+
+
 def respond_wire(table: Table, data: bytes) -> bytes:
     result = respond(table, CONFIG, data)
     assert isinstance(result, Reply)
