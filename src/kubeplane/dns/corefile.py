@@ -30,6 +30,7 @@ second server block, DNS over TLS upstreams) is a :class:`~kubeplane.dns.Corefil
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import shlex
 from collections.abc import Iterator
@@ -98,18 +99,18 @@ class Config:
     #: Plugins and options read but not acted on, one line each (``line 7: plugin 'hosts'``).
     ignored: tuple[str, ...] = ()
 
-    @property
+    @functools.cached_property
     def primary_zone(self) -> dns.name.Name:
         """The first zone of names as written: PTR targets are given in it."""
         return next(zone for zone in self.zones if not _is_reverse(zone))
 
-    @property
+    @functools.cached_property
     def forward_zones(self) -> tuple[dns.name.Name, ...]:
         """The zones of names (``cluster.local.``), longest first so the closest one matches."""
         names = [zone for zone in self.zones if not _is_reverse(zone)]
         return tuple(sorted(names, key=lambda zone: -len(zone)))
 
-    @property
+    @functools.cached_property
     def reverse_zones(self) -> tuple[dns.name.Name, ...]:
         """The zones of PTR names (``in-addr.arpa.``, ``ip6.arpa.``), longest first."""
         names = [zone for zone in self.zones if _is_reverse(zone)]

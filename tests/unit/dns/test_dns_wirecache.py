@@ -7,9 +7,11 @@ from typing import Any
 import dns.flags
 import dns.message
 import pytest
-from dns_objects import CONFIG, endpoint, endpoint_slice, query, service
+from dns_objects import CONFIG, COREFILE, endpoint, endpoint_slice, query, service
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kubeplane.dns import wirecache
+from kubeplane.dns import corefile, wirecache
 from kubeplane.dns.answer import Forward, Reply, respond
 from kubeplane.dns.corefile import Config
 from kubeplane.dns.records import Table
@@ -148,3 +150,29 @@ def test_the_cache_is_bounded_oldest_first(monkeypatch: pytest.MonkeyPatch) -> N
     assert len(asked) == 3, "the two newest are hits"
     cache.reply(table, CONFIG, wire(SVC))
     assert len(asked) == 4 and len(cache) == 2, "the oldest was dropped and is answered again"
+
+
+_STEADY = corefile.parse(COREFILE.replace("    loadbalance\n", ""))
+_PLAIN = [
+    wire(name, rdtype)
+    for name, rdtype in ((SVC, "A"), (HL, "A"), (f"_http._tcp.{SVC}", "SRV"), ("x.cluster.local.", "TXT"))
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(_PLAIN), st.lists(st.tuples(st.integers(0, 60), st.integers(0, 255)), max_size=4))
+def test_the_cache_is_transparent(data: bytes, changes: list[tuple[int, int]]) -> None:
+    # Without loadbalance every reply is fixed: asking twice through the cache (the second time
+    # a hit when the query is plain) gives exactly what the slow path gives.
+    mutated = bytearray(data)
+    for position, value in changes:
+        if position < len(mutated):
+            mutated[position] = value
+    table, cache = cluster(), WireCache()
+    expected = respond(table, _STEADY, bytes(mutated))
+    for _ in range(2):
+        got = cache.reply(table, _STEADY, bytes(mutated))
+        if isinstance(expected, Reply):
+            assert got == expected.wire
+        else:
+            assert got is None if expected is None else isinstance(got, Forward)
