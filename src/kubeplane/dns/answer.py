@@ -17,6 +17,7 @@ each and serve them in turn.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import dns.exception
@@ -95,11 +96,30 @@ def _soa(zone: dns.name.Name, table: Table, ttl: int) -> dns.rrset.RRset:
     return dns.rrset.from_rdata_list(zone, ttl, [rdata])
 
 
-def _absolute(rdata: dns.rdata.Rdata, zone: dns.name.Name) -> dns.rdata.Rdata:
+def _complete(names: Iterable[dns.name.Name], zone: dns.name.Name) -> list[dns.name.Name]:
+    """The table's relative names made absolute in ``zone``.
+
+    A name longer than DNS allows (a long hostname under a long zone) is left out rather than
+    failing the whole answer.
+    """
+    complete: list[dns.name.Name] = []
+    for name in names:
+        try:
+            complete.append(name.derelativize(zone))
+        except dns.name.NameTooLong:
+            continue
+    return complete
+
+
+def _in_zone(rdatas: Iterable[dns.rdata.Rdata], zone: dns.name.Name) -> list[dns.rdata.Rdata]:
     """The table keeps SRV targets relative to the zone: complete them for this answer."""
-    if isinstance(rdata, dns.rdtypes.IN.SRV.SRV) and not rdata.target.is_absolute():
-        return rdata.replace(target=rdata.target.derelativize(zone))
-    return rdata
+    complete: list[dns.rdata.Rdata] = []
+    for rdata in rdatas:
+        if isinstance(rdata, dns.rdtypes.IN.SRV.SRV):
+            complete.extend(rdata.replace(target=target) for target in _complete([rdata.target], zone))
+        else:
+            complete.append(rdata)
+    return complete
 
 
 def _response(query: dns.message.Message) -> dns.message.Message:
@@ -128,12 +148,12 @@ def answer(
             if not targets:
                 response.set_rcode(dns.rcode.NXDOMAIN)
             elif rdtype in (dns.rdatatype.PTR, dns.rdatatype.ANY):
-                home = config.primary_zone
                 rdatas = [
-                    make_rdata(dns.rdtypes.ANY.PTR.PTR, dns.rdatatype.PTR, target.derelativize(home))
-                    for target in targets
+                    make_rdata(dns.rdtypes.ANY.PTR.PTR, dns.rdatatype.PTR, target)
+                    for target in _complete(targets, config.primary_zone)
                 ]
-                response.answer.append(dns.rrset.from_rdata_list(name, config.ttl, rdatas))
+                if rdatas:
+                    response.answer.append(dns.rrset.from_rdata_list(name, config.ttl, rdatas))
             if not response.answer:
                 response.authority.append(_soa(zone, table, config.ttl))
             return response
@@ -184,8 +204,9 @@ def _zone_answer(
             if found_type in _ADDRESS_TYPES and config.loadbalance and rotation:
                 shift = rotation % len(stored)
                 rdatas = stored[shift:] + stored[:shift]
-            complete = [_absolute(rdata, zone) for rdata in rdatas]
-            response.answer.append(dns.rrset.from_rdata_list(name, ttl, complete))
+            complete = _in_zone(rdatas, zone)
+            if complete:
+                response.answer.append(dns.rrset.from_rdata_list(name, ttl, complete))
             if found_type == dns.rdatatype.SRV:
                 _additional(response, table, zone, complete, ttl)
     if not response.answer:

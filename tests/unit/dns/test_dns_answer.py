@@ -232,6 +232,29 @@ def test_ttl_comes_from_the_corefile() -> None:
     assert soa.ttl == 30 and soa[0].minimum == 30
 
 
+def test_names_too_long_for_dns_under_a_long_zone_are_left_out() -> None:
+    zone = ".".join(["z" * 60, "example"])
+    config = corefile.parse(COREFILE.replace("kubernetes cluster.local", f"kubernetes {zone}"))
+    long_label = "h" * 63
+    table = Table.from_objects(
+        [service("s" * 60, namespace="n" * 60, cluster_ip="None")],
+        [
+            endpoint_slice(
+                "s" * 60,
+                [endpoint("10.244.1.5", hostname=long_label), endpoint("10.244.1.6", hostname="short")],
+                namespace="n" * 60,
+            )
+        ],
+    )
+    base = f"{'s' * 60}.{'n' * 60}.svc.{zone}."
+    srv = ask(table, f"_http._tcp.{base}", "SRV", config=config)
+    assert [str(rd.target) for rd in srv.answer[0]] == [f"short.{base}"]
+    assert not ask(table, "5.1.244.10.in-addr.arpa.", "PTR", config=config).answer
+    assert records(ask(table, "6.1.244.10.in-addr.arpa.", "PTR", config=config).answer) == {
+        f"6.1.244.10.in-addr.arpa. 5 PTR short.{base}"
+    }
+
+
 def test_outside_the_zones_and_unknown_ptrs_are_forwarded() -> None:
     table = cluster()
     for name, rdtype in (
