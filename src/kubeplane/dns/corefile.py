@@ -158,6 +158,11 @@ def _server_blocks(text: str) -> list[tuple[int, list[str], list[_Directive]]]:
         for inner_number, inner in lines:
             if inner == ["}"]:
                 break
+            if inner[-1] == "}" and inner.count("{") == 1:  # a block on one line: health { lameduck 5s }
+                start = inner.index("{")
+                options = ((inner_number, tuple(inner[start + 1 : -1])),) if start + 2 < len(inner) else ()
+                directives.append(_Directive(inner_number, inner[0], tuple(inner[1:start]), options))
+                continue
             if inner[-1] != "{":
                 directives.append(_Directive(inner_number, inner[0], tuple(inner[1:])))
                 continue

@@ -114,6 +114,12 @@ def test_defaults_of_a_minimal_corefile() -> None:
     assert config.falls_through(dns.name.from_text("1.2.0.192.in-addr.arpa")) is False
 
 
+def test_one_line_blocks() -> None:
+    config = corefile.parse(".:53 {\n health :8081 { lameduck 5s }\n kubernetes cluster.local { }\n}\n")
+    assert config.health == Listen("", 8081) and config.zones == names("cluster.local")
+    assert config.ignored == ("line 2: health option 'lameduck 5s'",)
+
+
 def test_fallthrough_without_zones_means_all_of_the_plugin_zones() -> None:
     config = corefile.parse(".:53 {\n kubernetes cluster.local in-addr.arpa {\n  fallthrough\n }\n}\n")
     assert config.fallthrough == names("cluster.local", "in-addr.arpa")
