@@ -65,10 +65,18 @@ def register(group: click.Group) -> None:
         group.add_command(command)
 
 
-def _mode_options(function: F) -> F:
-    function = click.option("--dry-run", is_flag=True, help="Validate and show the diff; change nothing.")(
-        function
-    )
+def _mode_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The apply mode options; the command receives them as one ``mode`` (an :class:`_ApplyMode`)."""
+
+    @functools.wraps(command)
+    def with_mode(
+        *args: Any, immediate: bool, on_reboot: bool, mode_name: str | None, try_timeout: str, **kwargs: Any
+    ) -> Any:
+        return command(*args, mode=_mode(immediate, on_reboot, mode_name, try_timeout), **kwargs)
+
+    function: Callable[..., Any] = click.option(
+        "--dry-run", is_flag=True, help="Validate and show the diff; change nothing."
+    )(with_mode)
     function = click.option(
         "--on-reboot", is_flag=True, help="Stage the config; it takes effect at the next reboot."
     )(function)
@@ -282,14 +290,10 @@ def apply_config(
     *,
     path: str,
     insecure: bool,
-    immediate: bool,
-    on_reboot: bool,
-    mode_name: str | None,
-    try_timeout: str,
+    mode: _ApplyMode,
     dry_run: bool,
 ) -> None:
     """Apply a machine config to the nodes."""
-    mode = _mode(immediate, on_reboot, mode_name, try_timeout)
     try:
         data = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -386,15 +390,11 @@ def patch(
     type_name: str,
     patch_text: str | None,
     patch_file: str | None,
-    immediate: bool,
-    on_reboot: bool,
-    mode_name: str | None,
-    try_timeout: str,
+    mode: _ApplyMode,
     dry_run: bool,
 ) -> None:
     """Patch each node's machine config; nothing is applied anywhere if the patch fails for any node."""
     _require_machine_config(type_name, "patch")
-    mode = _mode(immediate, on_reboot, mode_name, try_timeout)
     text = _read_patch(patch_text, patch_file)
     target = connect.resolve(connect.options())
     outcome = connect.Outcome()
@@ -423,15 +423,11 @@ def patch(
 def edit(
     *,
     type_name: str,
-    immediate: bool,
-    on_reboot: bool,
-    mode_name: str | None,
-    try_timeout: str,
+    mode: _ApplyMode,
     dry_run: bool,
 ) -> None:
     """Edit each node's machine config in an editor and apply it."""
     _require_machine_config(type_name, "edit")
-    mode = _mode(immediate, on_reboot, mode_name, try_timeout)
     target = connect.resolve(connect.options())
     outcome = connect.Outcome()
     for config in _current_configs(target, outcome):
