@@ -35,6 +35,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -247,7 +248,8 @@ def _read(path: str) -> bytes:
 
 
 async def _ready(api: kube.KubeClient) -> bool:
-    return (await api.raw_get("/readyz")).ok
+    status, _ = await api.raw_get("/readyz")
+    return status == HTTPStatus.OK
 
 
 async def _applied(applier: manifest_apply.Applier, obj: dict[str, Any]) -> bool:

@@ -90,18 +90,6 @@ class ApiResource:
         return "/".join(parts)
 
 
-@dataclasses.dataclass(frozen=True)
-class Raw:
-    """An answer as it came (:meth:`KubeClient.raw_get`): for ``/readyz`` and ``/version``."""
-
-    status: int
-    text: str
-
-    @property
-    def ok(self) -> bool:
-        return self.status == httpx.codes.OK
-
-
 def is_ready(obj: Mapping[str, Any]) -> bool:
     """Whether ``obj`` (a Node or a Pod) has the condition ``Ready`` with status ``True``."""
     conditions = (obj.get("status") or {}).get("conditions") or ()
@@ -158,38 +146,22 @@ class KubeClient:
 
     # -- requests -----------------------------------------------------------------------------
 
-    async def _send(
-        self,
-        verb: str,
-        path: str,
-        *,
-        body: Any = None,
-        content_type: str = "application/json",
-        params: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
-        """Send one request once; a transport failure raises its typed error, an answer returns."""
-        content = None if body is None else body if isinstance(body, str) else json.dumps(body)
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` once; a transport failure raises its typed error, an answer returns."""
+        verb, path = request.method, request.url.path
         try:
-            return await self._http.request(
-                verb,
-                path,
-                content=content,
-                headers={"Content-Type": content_type} if content is not None else None,
-                params=dict(params) if params else None,
-            )
+            return await self._http.send(request)
         except ssl.SSLError as exc:
             # httpx passes a TLS alert after the handshake (a client certificate refused under
             # TLS 1.3) through unwrapped.
             raise _tls_error(verb, path, exc) from exc
         except httpx.TransportError as exc:
-            if isinstance(exc.__cause__ or exc.__context__, ssl.SSLError) and not isinstance(
-                exc.__cause__ or exc.__context__, ssl.SSLEOFError
-            ):
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, ssl.SSLError) and not isinstance(cause, ssl.SSLEOFError):
                 raise _tls_error(verb, path, exc) from exc
             reason = str(exc) or type(exc).__name__
-            raise errors.KubeUnavailable(
-                f"{verb} {self.server}{path}: {reason}", verb=verb, path=path
-            ) from exc
+            message = f"{verb} {self.server}{path}: {reason}"
+            raise errors.KubeUnavailable(message, verb=verb, path=path, reason=reason) from exc
 
     async def request(
         self,
@@ -201,7 +173,16 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """Send one request; the answer's JSON object, or the typed error of a failure."""
-        response = await self._send(verb, path, body=body, content_type=content_type, params=params)
+        content = None if body is None else body if isinstance(body, str) else json.dumps(body)
+        response = await self._send(
+            self._http.build_request(
+                verb,
+                path,
+                content=content,
+                headers={"Content-Type": content_type} if content is not None else None,
+                params=dict(params) if params else None,
+            )
+        )
         if not response.is_success:
             raise error_for(verb, path, response)
         if not response.content:
@@ -215,10 +196,10 @@ class KubeClient:
             ) from exc
         return document if isinstance(document, dict) else {"items": document}
 
-    async def raw_get(self, path: str) -> Raw:
+    async def raw_get(self, path: str) -> tuple[int, str]:
         """GET ``path`` as text, whatever the status (``/readyz``, ``/version``); only no answer raises."""
-        response = await self._send("GET", path)
-        return Raw(status=response.status_code, text=response.text)
+        response = await self._send(self._http.build_request("GET", path))
+        return response.status_code, response.text
 
     async def get(self, path: str) -> dict[str, Any]:
         return await self.request("GET", path)

@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from http import HTTPStatus
 from typing import Any, TypeVar
 
 from kubeplane import api, retry
@@ -198,12 +199,12 @@ def default_checks(topology: Topology, *, node_client: NodeClientFactory, kube: 
         return problems
 
     def api_endpoint() -> list[str]:
-        async def readyz(api: kube_client.KubeClient) -> tuple[str, kube_client.Raw]:
-            return api.server, await api.raw_get("/readyz")
+        async def readyz(api: kube_client.KubeClient) -> tuple[str, int, str]:
+            return (api.server, *await api.raw_get("/readyz"))
 
-        host, answer = kube_call(kube, readyz)
-        body = answer.text[:200].encode()
-        return [] if answer.ok else [f"{host}/readyz answered HTTP {answer.status}: {body!r}"]
+        host, status, text = kube_call(kube, readyz)
+        body = text[:200].encode()
+        return [] if status == HTTPStatus.OK else [f"{host}/readyz answered HTTP {status}: {body!r}"]
 
     return [
         Check("etcd to be healthy", etcd_healthy),

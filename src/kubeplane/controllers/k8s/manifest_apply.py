@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Mapping, Sequence
+from http import HTTPStatus
 from typing import Any
 
 from kubeplane.clients import errors as client_errors
@@ -273,8 +274,8 @@ class ManifestApplyController:
         """Wait for the endpoint and the lock, then apply (the background task, see module docstring)."""
         async with kube.KubeClient(plan.kubeconfig) as api:
             try:
-                version = await api.raw_get("/version")
-                up, reason = version.ok, f"{version.status} {version.text[:200].strip()}"
+                code, text = await api.raw_get("/version")
+                up, reason = code == HTTPStatus.OK, f"{code} {text[:200].strip()}"
             except client_errors.KubeError as exc:
                 up, reason = False, str(exc)
             if not up:
