@@ -222,7 +222,7 @@ class SelfHostedBootstrap:
             if not mine:
                 return False
             if name == selfhosted.CHECKPOINTER:
-                if not any(_is_ready(pod) for pod in mine):
+                if not any(kube.is_ready(pod) for pod in mine):
                     return False
             elif not any(pod.get("status", {}).get("phase") == "Running" for pod in mine):
                 return False
@@ -262,11 +262,6 @@ def _owner(pod: dict[str, Any]) -> str:
         if ref.get("kind") == "DaemonSet":
             return str(ref.get("name", ""))
     return ""
-
-
-def _is_ready(pod: dict[str, Any]) -> bool:
-    conditions = pod.get("status", {}).get("conditions") or ()
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 async def _all_ready(api: kube.KubeClient) -> bool:
