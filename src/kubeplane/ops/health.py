@@ -147,6 +147,10 @@ def default_checks(topology: Topology, *, node_client: NodeClientFactory, kube: 
         return problems
 
     def etcd_consistent() -> list[str]:
+        # Read the member sets again on every attempt: a member added while the check above read
+        # them shows on some nodes a moment before the others, and that first read must not stand
+        # for the whole wait. Nodes that do not answer were reported above; the rest must agree.
+        etcd_healthy()
         if not members:
             return ["no control plane node answered with its etcd members"]
         problems = []
