@@ -131,6 +131,8 @@ class KubeClient:
             headers=config.headers,
             timeout=timeout,
             transport=transport,
+            # Only the kubeconfig says where and how to connect: no proxy variables, no .netrc.
+            trust_env=False,
         )
         self._discovery: dict[str, dict[str, ApiResource]] = {}
 
