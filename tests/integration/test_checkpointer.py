@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from kubernetes import client as k8s_client
+from official_client import api_client
 
 from kubeplane.checkpointer import logic
-from kubeplane.clients import kube
 from kubeplane.provision import checkpointer_image, images
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def fake_kubelet() -> Iterator[FakeKubelet]:
 
 
 def _core(apiserver: ApiServer) -> Any:
-    return k8s_client.CoreV1Api(kube.api_client(apiserver.admin_kubeconfig))
+    return k8s_client.CoreV1Api(api_client(apiserver.admin_kubeconfig))
 
 
 def _create_parent(core: Any, name: str = PARENT) -> None:

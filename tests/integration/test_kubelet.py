@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 from kubernetes import client as k8s
+from official_client import api_client
 
-from kubeplane.clients import kube
 from kubeplane.services import kubelet as kubelet_service
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def test_static_pod_mirror_pod(
 ) -> None:
     # The API server listens on the host end of the node's veth, which the node reaches directly.
     server = start_apiserver(node.netns.host_ip)
-    api = k8s.CoreV1Api(kube.api_client(server.admin_kubeconfig))
+    api = k8s.CoreV1Api(api_client(server.admin_kubeconfig))
 
     assert node.import_image("pause") == "k8s.gcr.io/pause:3.2"
     scheduler_image = node.import_image("kube-scheduler")

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from kubernetes import dynamic
 from kubernetes.dynamic import exceptions as dynamic_errors
+from official_client import api_client
 
-from kubeplane.clients import kube
 from kubeplane.config import generate as gen
 from kubeplane.controllers.k8s import etcd_access
 from kubeplane.controllers.k8s.bootstrap_status import BootstrapStatusController
@@ -142,7 +142,7 @@ def test_applies_every_bootstrap_object_and_reports_bad_ones(
 
         # Every object of every bootstrap manifest exists, checked with the official client.
         client = dynamic.DynamicClient(
-            kube.api_client(server.admin_kubeconfig), cache_file=str(tmp_path / "discovery.json")
+            api_client(server.admin_kubeconfig), cache_file=str(tmp_path / "discovery.json")
         )
         manifest_objects = [
             obj
@@ -230,7 +230,7 @@ def test_waits_for_the_endpoint_and_the_mutex_then_syncs(
         # Sync mode: a changed manifest reaches the existing object, with the diff logged first.
         manifest = catalog.ManifestSpec(items=[{**configmap, "data": {"v": "2"}}])
         put(state, catalog.EXTRAS_NAMESPACE, catalog.MANIFESTS, "99-sync", manifest)
-        api = kube.api_client(server.admin_kubeconfig)
+        api = api_client(server.admin_kubeconfig)
         client = dynamic.DynamicClient(api, cache_file=None)
         configmaps = client.resources.get(api_version="v1", kind="ConfigMap")
         await eventually(

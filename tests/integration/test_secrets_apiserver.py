@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 from kubernetes import client as k8s
+from official_client import api_client
 
 from kubeplane import pki
 from kubeplane.clients import etcd as etcd_client
-from kubeplane.clients import kube
 from kubeplane.config import generate as gen
 from kubeplane.config.paths import NodePaths
 from kubeplane.controllers.k8s import files, render
@@ -187,15 +187,15 @@ def test_apiserver_runs_on_rendered_secrets_only(
     wait_until(readyz, timeout=90, what="kube-apiserver /readyz (verified with ca.crt)", logs=apiserver.tail)
 
     # The admin kubeconfig's endpoint, CA and system:masters certificate all work.
-    admin = kube.api_client(k8s_certs["adminKubeconfig"])
+    admin = api_client(k8s_certs["adminKubeconfig"])
     core = k8s.CoreV1Api(admin)
     assert "kube-system" in {item.metadata.name for item in core.list_namespace().items}
 
     # The scheduler's kubeconfig, read from disk, authenticates as system:kube-scheduler.
     scheduler_kubeconfig = apiserver_dir.parent / files.SCHEDULER / files.KUBECONFIG.name
-    k8s.CoreV1Api(kube.api_client(scheduler_kubeconfig.read_text())).list_node()
+    k8s.CoreV1Api(api_client(scheduler_kubeconfig.read_text())).list_node()
     with pytest.raises(k8s.ApiException) as caught:
-        k8s.CoreV1Api(kube.api_client(scheduler_kubeconfig.read_text())).list_namespaced_secret("kube-system")
+        k8s.CoreV1Api(api_client(scheduler_kubeconfig.read_text())).list_namespaced_secret("kube-system")
     assert caught.value.status == 403
 
     # Secrets are encrypted at rest with the rendered encryption config.

@@ -26,7 +26,8 @@ import pytest
 from kubeplane import api, pki
 from kubeplane.agent import node as agent_node
 from kubeplane.api import transport, trustd, wire
-from kubeplane.controllers.k8s import kube_rest, manifests, render
+from kubeplane.clients import kube
+from kubeplane.controllers.k8s import manifests, render
 
 if TYPE_CHECKING:
     from conftest import ApiServer, NetNS
@@ -279,12 +280,12 @@ print(json.dumps({"crt": crt.decode(), "sources": sources}))
 
 def create(server: ApiServer, objects: list[dict[str, Any]]) -> None:
     async def scenario() -> None:
-        async with kube_rest.KubeRest(server.admin_kubeconfig) as rest:
+        async with kube.KubeClient(server.admin_kubeconfig) as api:
             for obj in objects:
-                resource = await rest.resource(obj["apiVersion"], obj["kind"])
+                resource = await api.resource(obj["apiVersion"], obj["kind"])
                 path = resource.path(namespace=obj["metadata"].get("namespace"))
-                response = await rest.request("POST", path, body=obj)
-                assert response.status_code == httpx.codes.CREATED, kube_rest.error_message(response)
+                created = await api.create(path, obj)  # raises unless the server created it
+                assert created["metadata"]["name"] == obj["metadata"]["name"]
 
     run(scenario())
 

@@ -51,6 +51,7 @@ from typing import Any
 import httpx
 
 from kubeplane import config, metrics, pki
+from kubeplane.api import trustd
 from kubeplane.clients import errors as client_errors
 from kubeplane.clients import etcd as etcd_client
 from kubeplane.config.paths import NodePaths
@@ -250,18 +251,18 @@ class EtcdMember:
             )
         except ValueError as exc:
             raise EtcdRefused(f"{exc}: it cannot discover etcd peers") from exc
-        tls = etcd_client.tls_context(ca=authority.cert, cert=admin.cert, key=admin.key)
-        url = f"{cluster.control_plane.endpoint.rstrip('/')}/api/v1/namespaces/default/endpoints/kubernetes"
-        async with httpx.AsyncClient(verify=tls, timeout=_PROBE_TIMEOUT) as http:
-            response = await http.get(url)
-        if response.status_code != 200:
-            raise EtcdNotReady(f"GET {url} answered HTTP {response.status_code}")
-        ips = [
-            address["ip"]
-            for subset in response.json().get("subsets") or []
-            for address in subset.get("addresses") or []
-        ]
-        ips = [ip for ip in dict.fromkeys(ips) if ip != self.node_ip]
+        kubeconfig = pki.kubeconfig(
+            cluster_name=cluster.cluster_name or "kubernetes",
+            server=cluster.control_plane.endpoint,
+            ca_cert=authority.cert,
+            user=f"kubeplane:etcd-join:{self.name}",
+            client=admin,
+        )
+        try:
+            addresses = await trustd.control_plane_addresses(kubeconfig, timeout=_PROBE_TIMEOUT)
+        except client_errors.KubeError as exc:
+            raise EtcdNotReady(f"{cluster.control_plane.endpoint.rstrip('/')}: {exc}") from exc
+        ips = [ip for ip in addresses if ip != self.node_ip]
         if not ips:
             raise EtcdNotReady("Endpoints default/kubernetes lists no other control plane node yet")
         return [etcd_rules.client_url(ip) for ip in ips]
@@ -334,7 +335,12 @@ class EtcdMember:
         )
 
     async def probe_other_cluster(self) -> str | None:
-        """What answers at the control plane endpoint (an API server means a bootstrapped cluster)."""
+        """What answers at the control plane endpoint (an API server means a bootstrapped cluster).
+
+        Not a Kubernetes API call, so not through :class:`kubeplane.clients.kube.KubeClient`: any
+        HTTP answer counts, from a server whose certificate this node may not trust yet and
+        without credentials (a 401 says just as well that a cluster is there).
+        """
         endpoint = self.document.model.cluster.control_plane.endpoint.rstrip("/")
         try:
             async with httpx.AsyncClient(verify=False, timeout=_PROBE_TIMEOUT) as http:  # noqa: S501

@@ -25,13 +25,11 @@ import ipaddress
 import logging
 import re
 import socket
-import ssl
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
@@ -47,7 +45,6 @@ from kubeplane.agent.store import ConfigStore
 from kubeplane.api import trustd
 from kubeplane.clients import errors as client_errors
 from kubeplane.config.paths import NodePaths
-from kubeplane.controllers.k8s import kube_rest
 from kubeplane.resources import catalog
 from kubeplane.runtime import Runtime
 from kubeplane.services import logs as service_logs
@@ -776,15 +773,7 @@ async def control_plane_addresses(*, endpoint: str, token: str, ca: bytes, timeo
     kubeconfig = node_services.bootstrap_kubeconfig(
         server=endpoint, ca=ca, token=token, cluster_name="cluster"
     )
-    url = f"{endpoint.rstrip('/')}{trustd.ENDPOINTS_PATH}"
     try:
-        async with kube_rest.KubeRest(kubeconfig, timeout=timeout) as rest:
-            response = await rest.request("GET", trustd.ENDPOINTS_PATH)
-    except (kube_rest.KubeApiError, ssl.SSLError) as exc:
-        raise trustd.TrustdError(f"GET {url}: {exc}") from exc
-    if response.status_code != httpx.codes.OK:
-        raise trustd.TrustdError(f"GET {url}: {kube_rest.error_message(response)}")
-    try:
-        return trustd.endpoint_addresses(response.json())
-    except ValueError as exc:
-        raise trustd.TrustdError(f"GET {url}: the answer is not JSON: {exc}") from exc
+        return await trustd.control_plane_addresses(kubeconfig, timeout=timeout)
+    except client_errors.KubeError as exc:
+        raise trustd.TrustdError(f"{endpoint.rstrip('/')}: {exc}") from exc

@@ -35,16 +35,17 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import httpx
-
 import kubeplane
 from kubeplane import config, pki, retry
+from kubeplane.clients import errors as client_errors
+from kubeplane.clients import kube
 from kubeplane.config import generate as gen
 from kubeplane.config.paths import NodePaths
-from kubeplane.controllers.k8s import etcd_access, files, kube_rest, manifest_apply, render, selfhosted
+from kubeplane.controllers.k8s import etcd_access, files, manifest_apply, render, selfhosted
 from kubeplane.controllers.k8s import static_pod as static_pod_mod
 from kubeplane.resources import State, catalog
 from kubeplane.runtime.context import controller_logger
@@ -59,9 +60,10 @@ STEP_TIMEOUT = 600.0
 DAEMONSETS = (*files.COMPONENTS, selfhosted.CHECKPOINTER)
 #: Seconds between two attempts of a wait.
 POLL_INTERVAL = 2.0
-#: What a wait retries: the API server not answering yet, an object it refused for now, a file
-#: not written yet.
-RETRYABLE = (kube_rest.KubeApiError, manifest_apply.ApplyError, OSError, ValueError)
+#: What a wait retries: the API server not answering yet or refusing for now (a temporary
+#: control plane still bootstrapping its RBAC answers 403 a while: every Kubernetes API error is
+#: worth another try here), an object it refused for now, a file not written yet.
+RETRYABLE = (client_errors.KubeError, manifest_apply.ApplyError, OSError, ValueError)
 
 
 class SelfHostedError(Exception):
@@ -140,7 +142,7 @@ class SelfHostedBootstrap:
     async def run(self) -> None:
         started = time.monotonic()
         log.info("self-hosted bootstrap: waiting for the temporary control plane")
-        async with kube_rest.KubeRest(self.kubeconfig()) as api:
+        async with kube.KubeClient(self.kubeconfig()) as api:
             await self._wait("the temporary control plane API server to answer", lambda: _ready(api))
             objects = await self._wait("the temporary static pods and their secrets", self._objects)
             log.info("self-hosted bootstrap: applying %d self-hosted objects", len(objects))
@@ -211,14 +213,16 @@ class SelfHostedBootstrap:
             contents,
         )
 
-    async def _scheduled(self, api: kube_rest.KubeRest) -> bool:
-        pods = await _pods(api, field_selector=f"spec.nodeName={self.node_name}")
+    async def _scheduled(self, api: kube.KubeClient) -> bool:
+        pods = await api.list(
+            "/api/v1/namespaces/kube-system/pods", field_selector=f"spec.nodeName={self.node_name}"
+        )
         for name in DAEMONSETS:
             mine = [pod for pod in pods if _owner(pod) == name]
             if not mine:
                 return False
             if name == selfhosted.CHECKPOINTER:
-                if not any(_is_ready(pod) for pod in mine):
+                if not any(kube.is_ready(pod) for pod in mine):
                     return False
             elif not any(pod.get("status", {}).get("phase") == "Running" for pod in mine):
                 return False
@@ -243,22 +247,14 @@ def _read(path: str) -> bytes:
         return handle.read()
 
 
-async def _ready(api: kube_rest.KubeRest) -> bool:
-    return (await api.request("GET", "/readyz")).status_code == httpx.codes.OK
+async def _ready(api: kube.KubeClient) -> bool:
+    status, _ = await api.raw_get("/readyz")
+    return status == HTTPStatus.OK
 
 
 async def _applied(applier: manifest_apply.Applier, obj: dict[str, Any]) -> bool:
     await applier.apply(obj)
     return True
-
-
-async def _pods(api: kube_rest.KubeRest, *, field_selector: str = "") -> list[dict[str, Any]]:
-    params = {"fieldSelector": field_selector} if field_selector else None
-    response = await api.request("GET", "/api/v1/namespaces/kube-system/pods", params=params)
-    if response.status_code != httpx.codes.OK:
-        raise kube_rest.KubeApiError(kube_rest.error_message(response), status=response.status_code)
-    items: list[dict[str, Any]] = response.json().get("items") or []
-    return items
 
 
 def _owner(pod: dict[str, Any]) -> str:
@@ -268,16 +264,9 @@ def _owner(pod: dict[str, Any]) -> str:
     return ""
 
 
-def _is_ready(pod: dict[str, Any]) -> bool:
-    conditions = pod.get("status", {}).get("conditions") or ()
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-async def _all_ready(api: kube_rest.KubeRest) -> bool:
-    response = await api.request("GET", "/apis/apps/v1/namespaces/kube-system/daemonsets")
-    if response.status_code != httpx.codes.OK:
-        return False
-    by_name = {ds["metadata"]["name"]: ds for ds in response.json().get("items") or ()}
+async def _all_ready(api: kube.KubeClient) -> bool:
+    daemonsets = await api.list("/apis/apps/v1/namespaces/kube-system/daemonsets")
+    by_name = {ds["metadata"]["name"]: ds for ds in daemonsets}
     for name in DAEMONSETS:
         status = by_name.get(name, {}).get("status", {})
         desired = status.get("desiredNumberScheduled", 0)

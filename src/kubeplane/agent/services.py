@@ -43,9 +43,9 @@ import yaml
 from kubeplane import config, fileio, pki, resources
 from kubeplane.agent import owned
 from kubeplane.agent.etcd import EtcdMember, cluster_admin_client
+from kubeplane.clients import kube
 from kubeplane.config import toolchain_cache
 from kubeplane.config.paths import NodePaths
-from kubeplane.controllers.k8s import kube_rest
 from kubeplane.resources import catalog
 from kubeplane.services import cni, containerd, kubelet, process, supervisor
 
@@ -577,19 +577,14 @@ class NodeServices:
         path = f"/api/v1/nodes/{self.name}"
         while True:
             try:
-                async with kube_rest.KubeRest(self.admin_kubeconfig(), timeout=5.0) as rest:
-                    node = await rest.request("GET", path)
-                    if node.status_code == 200:
-                        labels = node.json().get("metadata", {}).get("labels") or {}
-                        if all(label in labels for label in CONTROL_PLANE_LABELS):
-                            return
-                        patched = await rest.request(
-                            "PATCH", path, body=json.dumps(patch), content_type="application/merge-patch+json"
-                        )
-                        if patched.status_code == 200:
-                            log.info("labelled node %s as a control plane node", self.name)
-                            return
-                        log.debug("labelling node %s: %s", self.name, kube_rest.error_message(patched))
+                async with kube.KubeClient(self.admin_kubeconfig(), timeout=5.0) as api:
+                    node = await api.get(path)
+                    labels = node.get("metadata", {}).get("labels") or {}
+                    if all(label in labels for label in CONTROL_PLANE_LABELS):
+                        return
+                    await api.patch(path, patch, patch_type="merge")
+                    log.info("labelled node %s as a control plane node", self.name)
+                    return
             except Exception as exc:
                 log.debug("labelling node %s: %s", self.name, exc)
             await asyncio.sleep(5.0)

@@ -70,6 +70,7 @@ from grpc_reflection.v1alpha import reflection
 
 from kubeplane import pki
 from kubeplane.api import auth, errors, schema, wire
+from kubeplane.clients import kube
 
 log = logging.getLogger("kubeplaned.trustd")
 
@@ -417,6 +418,17 @@ def endpoint_addresses(document: object) -> list[str]:
         if isinstance(address, dict) and address.get("ip")
     ]
     return list(dict.fromkeys(found))
+
+
+async def control_plane_addresses(kubeconfig: str, *, timeout: float) -> list[str]:
+    """The control plane nodes' addresses: ``Endpoints default/kubernetes`` read with ``kubeconfig``.
+
+    The one lookup of them: a worker asks with its bootstrap token (to find trustd), a joining
+    control plane node with a cluster admin certificate (to find etcd). Raises
+    :class:`~kubeplane.clients.errors.KubeError`.
+    """
+    async with kube.KubeClient(kubeconfig, timeout=timeout) as api:
+        return endpoint_addresses(await api.get(ENDPOINTS_PATH))
 
 
 def source_address(host: str) -> str | None:

@@ -200,17 +200,20 @@ def wait_healthy(
     def node_client(nodes: Sequence[str]) -> api.NodeClient:
         return api.NodeClient(created.controlplanes, credentials=created.credentials, nodes=tuple(nodes))
 
+    def kube_client() -> kube.KubeClient:
+        return kube.KubeClient(kubeconfig, timeout=health.REQUEST_TIMEOUT)
+
     checks = health.default_checks(
         health.Topology(controlplanes=created.controlplanes, workers=created.workers),
         node_client=node_client,
-        kube=lambda: kube.api_client(kubeconfig),
+        kube=kube_client,
     )
     if self_hosted:
         checks.insert(
             0,
             health.Check(
                 "the self-hosted control plane to take over from the temporary one",
-                lambda: convert.self_hosted_problems(kube.api_client(kubeconfig)),
+                lambda: health.kube_call(kube_client, convert.self_hosted_problems),
             ),
         )
     return health.run(checks, timeout=timeout, report=lambda result: report.info(result.text()))

@@ -1,8 +1,8 @@
 """``kubeplane convert-k8s``: self-hosted control plane → static pods (:mod:`kubeplane.ops.convert`).
 
 Implements :class:`kubeplane.ops.convert.Env` over the node API (reusing the upgrade command's
-node adapter), the official Kubernetes client (admin kubeconfig asked from a node, ``--endpoint``
-replaces its server) and etcd (a short-lived client certificate issued from the etcd CA in a
+node adapter), :class:`~kubeplane.clients.kube.KubeClient` (admin kubeconfig asked from a node,
+``--endpoint`` replaces its server) and etcd (a short-lived client certificate issued from the etcd CA in a
 control plane node's machine config, for the ``initialized`` key). Prompts read from stdin, so
 they work on a terminal and through a pipe or pseudo-terminal.
 """
@@ -10,17 +10,17 @@ they work on a terminal and through a pipe or pseudo-terminal.
 from __future__ import annotations
 
 import base64
+import contextlib
 from datetime import timedelta
-from typing import Any
 
 import click
-from kubernetes import client as k8s_client
 
 from kubeplane import config as machine_config
 from kubeplane import pki
 from kubeplane import plan as plan_module
 from kubeplane.cli import connect, lease, progress
-from kubeplane.cli.upgrade import NodeAPIAdapter, with_server
+from kubeplane.cli.upgrade import KubeAPIAdapter, NodeAPIAdapter, with_server
+from kubeplane.clients import errors as client_errors
 from kubeplane.clients import etcd as etcd_client
 from kubeplane.clients import kube as kube_client
 from kubeplane.ops import convert, oplock
@@ -28,7 +28,8 @@ from kubeplane.ops.errors import OpsError
 from kubeplane.resources import catalog
 
 INITIALIZED_KEY = b"kubeplane:v1:initialized"
-CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/master", "node-role.kubernetes.io/control-plane")
+SYSTEM = "/api/v1/namespaces/kube-system"
+DAEMONSETS = "/apis/apps/v1/namespaces/kube-system/daemonsets"
 
 
 def register(group: click.Group) -> None:
@@ -42,31 +43,23 @@ class KubeplaneEnv:
     def __init__(self, target: connect.Target, *, endpoint: str | None) -> None:
         self.nodes = NodeAPIAdapter(target)
         self.endpoint = endpoint
-        self._core: Any = None
-        self._apps: Any = None
-        self.api_client: Any = None
+        self._api: kube_client.KubeClient | None = None
 
-    async def kube(self) -> tuple[Any, Any]:
-        """The CoreV1 and AppsV1 APIs, over the admin kubeconfig asked from a node (once)."""
-        if self._core is None:
+    async def kube(self) -> kube_client.KubeClient:
+        """The Kubernetes API, over the admin kubeconfig asked from a node (once)."""
+        if self._api is None:
             text = await self.nodes.kubeconfig(None)
-            client = kube_client.api_client(with_server(text, self.endpoint))
-            self._core, self._apps = k8s_client.CoreV1Api(client), k8s_client.AppsV1Api(client)
-            self.api_client = client
-        return self._core, self._apps
+            self._api = kube_client.KubeClient(with_server(text, self.endpoint))
+        return self._api
 
     async def close(self) -> None:
         await self.nodes.close()
+        if self._api is not None:
+            await self._api.aclose()
 
     async def master_nodes(self) -> list[tuple[str, str]]:
-        core, _ = await self.kube()
-        found = []
-        for node in (await kube_client.call(core.list_node)).items:
-            labels = node.metadata.labels or {}
-            ips = [a.address for a in node.status.addresses or () if a.type == "InternalIP"]
-            if ips and any(label in labels for label in CONTROL_PLANE_LABELS):
-                found.append((ips[0], node.metadata.name))
-        return sorted(found)
+        nodes = await KubeAPIAdapter(await self.kube()).nodes()
+        return sorted((node.address, node.name) for node in nodes if node.control_plane)
 
     async def self_hosted(self, node: str) -> bool:
         document = await self.nodes.ask(
@@ -75,25 +68,13 @@ class KubeplaneEnv:
         return bool((document.get("spec") or {}).get("selfHostedControlPlane"))
 
     async def secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
-        core, _ = await self.kube()
-        try:
-            secret = await kube_client.call(core.read_namespaced_secret, name, namespace)
-        except k8s_client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        value = (secret.data or {}).get(key)
+        secret = await (await self.kube()).get_or_none(f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        value = ((secret or {}).get("data") or {}).get(key)
         return base64.b64decode(value) if value else None
 
     async def daemonset_image(self, name: str) -> str | None:
-        _, apps = await self.kube()
-        try:
-            ds = await kube_client.call(apps.read_namespaced_daemon_set, name, "kube-system")
-        except k8s_client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return str(ds.spec.template.spec.containers[0].image)
+        ds = await (await self.kube()).get_or_none(f"{DAEMONSETS}/{name}")
+        return None if ds is None else str(ds["spec"]["template"]["spec"]["containers"][0]["image"])
 
     async def machine_config(self, node: str) -> str:
         return await self.nodes.machine_config(node)
@@ -106,40 +87,32 @@ class KubeplaneEnv:
         return [str(d["metadata"]["id"]) for d in documents]
 
     async def delete_daemonset(self, name: str) -> bool:
-        _, apps = await self.kube()
         try:
-            await kube_client.call(apps.delete_namespaced_daemon_set, name, "kube-system")
-        except k8s_client.ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
+            await (await self.kube()).delete(f"{DAEMONSETS}/{name}")
+        except client_errors.KubeNotFound:
+            return False
         return True
 
     async def system_pods(self) -> list[convert.Pod]:
-        core, _ = await self.kube()
         pods = []
-        for item in (await kube_client.call(core.list_namespaced_pod, "kube-system")).items:
-            conditions = item.status.conditions or ()
+        for item in await (await self.kube()).list(f"{SYSTEM}/pods"):
+            metadata = item["metadata"]
             pods.append(
                 convert.Pod(
-                    name=item.metadata.name,
-                    node_name=item.spec.node_name or "",
-                    phase=item.status.phase or "",
-                    ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
-                    labels=dict(item.metadata.labels or {}),
-                    annotations=dict(item.metadata.annotations or {}),
-                    owner_kinds=tuple(ref.kind for ref in item.metadata.owner_references or ()),
+                    name=metadata["name"],
+                    node_name=item.get("spec", {}).get("nodeName") or "",
+                    phase=item.get("status", {}).get("phase") or "",
+                    ready=kube_client.is_ready(item),
+                    labels=dict(metadata.get("labels") or {}),
+                    annotations=dict(metadata.get("annotations") or {}),
+                    owner_kinds=tuple(ref["kind"] for ref in metadata.get("ownerReferences") or ()),
                 )
             )
         return pods
 
     async def force_delete_pod(self, name: str) -> None:
-        core, _ = await self.kube()
-        try:
-            await kube_client.call(core.delete_namespaced_pod, name, "kube-system", grace_period_seconds=0)
-        except k8s_client.ApiException as exc:
-            if exc.status != 404:
-                raise
+        with contextlib.suppress(client_errors.KubeNotFound):
+            await (await self.kube()).delete(f"{SYSTEM}/pods/{name}", grace_period_seconds=0)
 
     async def remove_initialized_key(self) -> None:
         masters = await self.master_nodes()
@@ -203,7 +176,7 @@ async def _convert(
             click.echo((await converter.plan()).render())
             click.echo("dry run: nothing was changed")
             return timing
-        async with oplock.held(lease.KubeLeaseStore(env.api_client), operation="convert-k8s"):
+        async with oplock.held(lease.KubeLeaseStore(await env.kube()), operation="convert-k8s"):
             if remove_key_only:
                 click.echo("removing self-hosted initialized key")
                 await env.remove_initialized_key()

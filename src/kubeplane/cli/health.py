@@ -89,7 +89,9 @@ def health(
         return api.NodeClient(target.endpoints, credentials=target.credentials, nodes=tuple(nodes))
 
     checks = health_ops.default_checks(
-        expected, node_client=node_client, kube=lambda: kube.api_client(kubeconfig)
+        expected,
+        node_client=node_client,
+        kube=lambda: kube.KubeClient(kubeconfig, timeout=health_ops.REQUEST_TIMEOUT),
     )
     results = health_ops.run(checks, timeout=timeout, report=lambda result: click.echo(result.text()))
     failed = [result for result in results if not result.ok]

@@ -1,22 +1,30 @@
-"""The cluster operation Lease (:mod:`kubeplane.ops.oplock`) over the official Kubernetes client.
+"""The cluster operation Lease (:mod:`kubeplane.ops.oplock`) over :class:`kubeplane.clients.kube.KubeClient`.
 
-Times are sent as strings in the API's MicroTime format (six fractional digits): the client
-would serialize a datetime without them when its microseconds are zero, which the API refuses.
+Times are sent as strings in the API's MicroTime format (six fractional digits, which the API
+requires even when the microseconds are zero). Replace and delete name the ``resourceVersion``
+read, so a Lease another process changed meanwhile is never overwritten or removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from typing import Any
 
-from kubernetes import client as k8s_client
-
+from kubeplane.clients import errors as client_errors
 from kubeplane.clients import kube as kube_client
 from kubeplane.ops import oplock
+
+LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{oplock.NAMESPACE}/leases"
+LEASE = f"{LEASES}/{oplock.NAME}"
 
 
 def _micro(stamp: datetime.datetime) -> str:
     return stamp.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _time(value: object) -> datetime.datetime | None:
+    return datetime.datetime.fromisoformat(value) if isinstance(value, str) and value else None
 
 
 def _body(lease: oplock.Lease) -> dict[str, Any]:
@@ -39,54 +47,38 @@ def _body(lease: oplock.Lease) -> dict[str, Any]:
 class KubeLeaseStore:
     """:class:`kubeplane.ops.oplock.LeaseStore` for ``kube-system/kubeplane-cluster-operation``."""
 
-    def __init__(self, api_client: Any) -> None:
-        self._api = k8s_client.CoordinationV1Api(api_client)
+    def __init__(self, api: kube_client.KubeClient) -> None:
+        self._api = api
 
     async def read(self) -> oplock.Lease | None:
-        try:
-            found = await kube_client.call(self._api.read_namespaced_lease, oplock.NAME, oplock.NAMESPACE)
-        except k8s_client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        spec = found.spec
+        found = await self._api.get_or_none(LEASE)
+        if found is None:
+            return None
+        spec = found.get("spec") or {}
         epoch = datetime.datetime.fromtimestamp(0, datetime.UTC)
+        acquired = _time(spec.get("acquireTime"))
         return oplock.Lease(
-            holder=spec.holder_identity or "",
-            acquired=spec.acquire_time or epoch,
-            renewed=spec.renew_time or spec.acquire_time or epoch,
-            duration=spec.lease_duration_seconds or oplock.DURATION,
-            resource_version=found.metadata.resource_version,
+            holder=spec.get("holderIdentity") or "",
+            acquired=acquired or epoch,
+            renewed=_time(spec.get("renewTime")) or acquired or epoch,
+            duration=spec.get("leaseDurationSeconds") or oplock.DURATION,
+            resource_version=(found.get("metadata") or {}).get("resourceVersion"),
         )
 
     async def create(self, lease: oplock.Lease) -> bool:
         try:
-            await kube_client.call(self._api.create_namespaced_lease, oplock.NAMESPACE, _body(lease))
-        except k8s_client.ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise
+            await self._api.create(LEASES, _body(lease))
+        except client_errors.KubeConflict:
+            return False
         return True
 
     async def replace(self, lease: oplock.Lease) -> bool:
         try:
-            await kube_client.call(
-                self._api.replace_namespaced_lease, oplock.NAME, oplock.NAMESPACE, _body(lease)
-            )
-        except k8s_client.ApiException as exc:
-            if exc.status in (404, 409):
-                return False
-            raise
+            await self._api.replace(LEASE, _body(lease))
+        except (client_errors.KubeNotFound, client_errors.KubeConflict):
+            return False
         return True
 
     async def delete(self, lease: oplock.Lease) -> None:
-        options = k8s_client.V1DeleteOptions(
-            preconditions=k8s_client.V1Preconditions(resource_version=lease.resource_version)
-        )
-        try:
-            await kube_client.call(
-                self._api.delete_namespaced_lease, oplock.NAME, oplock.NAMESPACE, body=options
-            )
-        except k8s_client.ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
+        with contextlib.suppress(client_errors.KubeNotFound, client_errors.KubeConflict):
+            await self._api.delete(LEASE, resource_version=lease.resource_version)

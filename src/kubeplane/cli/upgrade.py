@@ -10,9 +10,9 @@ implements them:
   the node API's ``ImagePull`` call (the agent pulls through the node's registry mirrors); the
   check for the call stays so that a node API without it only drops the pre-pull steps (the
   plan says so and the kubelet pulls when the new pods start);
-- Kubernetes API: the official client from the cluster's admin kubeconfig (``--kubeconfig``, or
-  asked from a node with the ``Kubeconfig`` call), ``--endpoint`` replacing its server URL; the
-  client is blocking, so every call runs in a thread with a request timeout;
+- Kubernetes API: :class:`~kubeplane.clients.kube.KubeClient` from the cluster's admin kubeconfig
+  (``--kubeconfig``, or asked from a node with the ``Kubeconfig`` call), ``--endpoint`` replacing
+  its server URL;
 - rotation: when the control plane nodes belong to a local cluster (its state file lists them
   and it has a haproxy directory) the node's haproxy server goes to ``drain`` and back to
   ``ready``; otherwise nothing (readiness checks of the real load balancer are all there is).
@@ -30,8 +30,6 @@ from typing import Any
 
 import click
 import yaml
-from kubernetes import client as k8s_client
-from kubernetes.dynamic import DynamicClient
 
 from kubeplane import api
 from kubeplane import plan as plan_module
@@ -164,33 +162,33 @@ class NodeAPIAdapter:
 # --- Kubernetes API ----------------------------------------------------------------------------
 
 
-def _ready(conditions: Sequence[Any] | None) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in conditions or ())
-
-
 class KubeAPIAdapter:
-    """:class:`kubeplane.ops.upgrade.KubeAPI` over the official (blocking) client, one thread per call."""
+    """:class:`kubeplane.ops.upgrade.KubeAPI` over :class:`~kubeplane.clients.kube.KubeClient`."""
 
-    def __init__(self, api_client: Any) -> None:
-        self.api_client = api_client
-        self._core = k8s_client.CoreV1Api(api_client)
-        self._apps = k8s_client.AppsV1Api(api_client)
+    def __init__(self, api: kube_client.KubeClient) -> None:
+        self.api = api
 
     def lease_store(self) -> oplock.LeaseStore:
         """The cluster operation Lease (one upgrade-k8s / convert-k8s at a time)."""
-        return lease.KubeLeaseStore(self.api_client)
+        return lease.KubeLeaseStore(self.api)
+
+    async def close(self) -> None:
+        await self.api.aclose()
 
     async def nodes(self) -> list[upgrade.ClusterNode]:
-        result = await kube_client.call(self._core.list_node)
         nodes = []
-        for item in result.items:
-            labels = item.metadata.labels or {}
-            addresses = [a.address for a in item.status.addresses or () if a.type == "InternalIP"]
+        for item in await self.api.list("/api/v1/nodes"):
+            labels = item["metadata"].get("labels") or {}
+            addresses = [
+                a["address"]
+                for a in item.get("status", {}).get("addresses") or ()
+                if a["type"] == "InternalIP"
+            ]
             if not addresses:
                 continue
             nodes.append(
                 upgrade.ClusterNode(
-                    name=item.metadata.name,
+                    name=item["metadata"]["name"],
                     address=addresses[0],
                     control_plane=any(label in labels for label in upgrade.CONTROL_PLANE_LABELS),
                 )
@@ -198,73 +196,56 @@ class KubeAPIAdapter:
         return sorted(nodes, key=lambda node: (not node.control_plane, node.name))
 
     async def mirror_pod(self, *, node_name: str, component: str) -> upgrade.PodState | None:
-        result = await kube_client.call(
-            self._core.list_namespaced_pod,
-            "kube-system",
+        items = await self.api.list(
+            "/api/v1/namespaces/kube-system/pods",
             label_selector=f"k8s-app={component}",
             field_selector=f"spec.nodeName={node_name}",
         )
-        if not result.items:
+        if not items:
             return None
-        pod = result.items[0]
-        annotations = pod.metadata.annotations or {}
+        pod = items[0]
+        annotations = pod["metadata"].get("annotations") or {}
         return upgrade.PodState(
-            name=pod.metadata.name,
+            name=pod["metadata"]["name"],
             config_version=annotations.get("kubeplane.dev/config-version"),
-            ready=_ready(pod.status.conditions),
-            images=tuple(container.image for container in pod.spec.containers),
+            ready=kube_client.is_ready(pod),
+            images=tuple(container["image"] for container in pod["spec"]["containers"]),
         )
 
     async def daemonset(self, namespace: str, name: str) -> upgrade.RolloutState | None:
-        try:
-            item = await kube_client.call(self._apps.read_namespaced_daemon_set, name, namespace)
-        except k8s_client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        containers = item.spec.template.spec.containers
-        container = next((c for c in containers if c.name == name), containers[0])
-        status = item.status
+        item = await self.api.get_or_none(f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}")
+        if item is None:
+            return None
+        containers = item["spec"]["template"]["spec"]["containers"]
+        container = next((c for c in containers if c["name"] == name), containers[0])
+        status = item.get("status") or {}
         return upgrade.RolloutState(
-            image=container.image,
-            desired=status.desired_number_scheduled or 0,
-            updated=status.updated_number_scheduled or 0,
-            available=status.number_available or 0,
-            generation=item.metadata.generation or 0,
-            observed_generation=status.observed_generation or 0,
+            image=container["image"],
+            desired=status.get("desiredNumberScheduled") or 0,
+            updated=status.get("updatedNumberScheduled") or 0,
+            available=status.get("numberAvailable") or 0,
+            generation=item["metadata"].get("generation") or 0,
+            observed_generation=status.get("observedGeneration") or 0,
         )
 
     async def set_daemonset_image(self, namespace: str, name: str, *, container: str, image: str) -> None:
+        # Strategic merge: the containers list is merged by name, the others are kept.
         body = {"spec": {"template": {"spec": {"containers": [{"name": container, "image": image}]}}}}
-        await kube_client.call(self._apps.patch_namespaced_daemon_set, name, namespace, body)
+        path = f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
+        await self.api.patch(path, body, patch_type="strategic")
 
     async def kubelet(self, node_name: str) -> upgrade.KubeletState | None:
-        try:
-            item = await kube_client.call(self._core.read_node, node_name)
-        except k8s_client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        item = await self.api.get_or_none(f"/api/v1/nodes/{node_name}")
+        if item is None:
+            return None
         return upgrade.KubeletState(
-            version=item.status.node_info.kubelet_version, ready=_ready(item.status.conditions)
+            version=item["status"]["nodeInfo"]["kubeletVersion"], ready=kube_client.is_ready(item)
         )
 
     async def apply_objects(self, objects: Sequence[Mapping[str, Any]]) -> None:
-        def apply() -> None:
-            dynamic = DynamicClient(self.api_client)  # type: ignore[no-untyped-call]
-            for item in objects:
-                resource = dynamic.resources.get(api_version=item["apiVersion"], kind=item["kind"])
-                metadata = item.get("metadata", {})
-                dynamic.server_side_apply(  # type: ignore[no-untyped-call]
-                    resource,
-                    body=dict(item),
-                    name=metadata.get("name"),
-                    namespace=metadata.get("namespace"),
-                    field_manager="kubeplane-upgrade",
-                    force_conflicts=True,
-                )
-
-        await asyncio.to_thread(apply)
+        for item in objects:
+            path = await self.api.object_path(item)
+            await self.api.apply(path, item, field_manager="kubeplane-upgrade", force=True)
 
 
 # --- load balancer rotation --------------------------------------------------------------------
@@ -350,7 +331,7 @@ def with_server(kubeconfig_text: str, endpoint: str | None) -> str:
 
 def _kube_api(kubeconfig_text: str, endpoint: str | None) -> KubeAPIAdapter:
     try:
-        return KubeAPIAdapter(kube_client.api_client(with_server(kubeconfig_text, endpoint)))
+        return KubeAPIAdapter(kube_client.KubeClient(with_server(kubeconfig_text, endpoint)))
     except (ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
         raise OpsError(f"cannot use the admin kubeconfig: {exc}") from exc
 
@@ -380,6 +361,7 @@ async def _upgrade(
     resume: str,
 ) -> None:
     node_api = NodeAPIAdapter(target)
+    kube: KubeAPIAdapter | None = None
     try:
         kubeconfig_text = kubeconfig or await node_api.kubeconfig(options.via[0] if options.via else None)
         kube = _kube_api(kubeconfig_text, endpoint)
@@ -422,6 +404,8 @@ async def _upgrade(
         )
     finally:
         await node_api.close()
+        if kube is not None:
+            await kube.close()
 
 
 @click.command("upgrade-k8s")

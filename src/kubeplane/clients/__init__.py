@@ -3,9 +3,9 @@
 - :mod:`kubeplane.clients.etcd`: an asyncio etcd v3 client over etcd's JSON gateway with mutual
   TLS and endpoint failover (KV, leases, locks, watches, members, status,
   snapshots);
-- :mod:`kubeplane.clients.kube`: an ``ApiClient`` from kubeconfig text, retryable-error
-  classification for the official ``kubernetes`` client (mapped to ``KubeUnavailable`` by ``call``),
-  and ``wait_for``.
+- :mod:`kubeplane.clients.kube`: the one asyncio Kubernetes API client (from kubeconfig text;
+  get, list, create, replace, patch, server-side apply, delete, discovery), answering failures
+  with the typed errors below and never retrying by itself.
 
 This layer imports nothing else from kubeplane but :mod:`kubeplane.retry`, so every other layer
 may use it.
@@ -24,8 +24,13 @@ request again later may succeed)::
     │   ├── EtcdLeaseLost         retryable: a kept lease (a held lock) was lost; its block was stopped
     │   ├── EtcdInvalidRequest    malformed request (a bug in the caller)
     │   └── EtcdPermissionDenied  the client certificate may not do this
-    ├── KubeUnavailable           retryable: the Kubernetes API could not serve now (5xx, 429, network)
-    └── WaitTimeout               kube.wait_for ran out of time (names what and the last error)
+    └── KubeError                 the Kubernetes API refused or failed a request (.status, .verb, .path)
+        ├── KubeUnavailable       retryable: could not serve now (5xx, 429, timeout, no answer)
+        ├── KubeNotFound          404
+        ├── KubeConflict          409: exists already, or resourceVersion changed
+        ├── KubeForbidden         401/403, or TLS failed (untrusted server, refused client certificate)
+        ├── KubeInvalid           400/422: malformed request or object
+        └── KubeconfigError       the kubeconfig text cannot make a client (also a ValueError)
 
 A few ``EtcdConflict`` answers that clear up once the cluster settles (a new member not started
 yet, a second learner waiting for the first) are marked ``retryable`` individually.

@@ -96,13 +96,51 @@ class EtcdPermissionDenied(EtcdError):
     """The client certificate is not allowed to do this (authentication or RBAC)."""
 
 
-class KubeUnavailable(ClientError):
+class KubeError(ClientError):
+    """The Kubernetes API refused or failed a request.
+
+    ``status`` is the HTTP status (0: no answer), ``verb`` and ``path`` the request, ``reason``
+    the server's ``Status.message`` (or why there was no answer); the message names all of them.
+    Subclasses by status: see the package docstring; another 4xx is a plain ``KubeError``.
+    """
+
+    def __init__(
+        self, message: str, *, status: int = 0, verb: str = "", path: str = "", reason: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.verb = verb
+        self.path = path
+        self.reason = reason or message
+
+    @property
+    def answer(self) -> str:
+        """``<status> <reason>`` of an answer, the message when there was none."""
+        return f"{self.status} {self.reason}" if self.status else str(self)
+
+
+class KubeUnavailable(KubeError):
     """The Kubernetes API could not serve a request now: a 5xx or 429 answer, a timeout, a refused
-    or reset connection, an early EOF. :func:`kubeplane.clients.kube.call` raises it in place of
-    the official client's exception (kept as ``__cause__``); the message is that exception's."""
+    or reset connection, an early EOF."""
 
     retryable = True
 
 
-class WaitTimeout(ClientError):
-    """A wait ran out of time; the message says what was awaited and the last error seen."""
+class KubeNotFound(KubeError):
+    """404: the object (or the kind, in discovery) does not exist."""
+
+
+class KubeConflict(KubeError):
+    """409: the object exists already, or changed since the ``resourceVersion`` the request named."""
+
+
+class KubeForbidden(KubeError):
+    """401/403, or TLS failed: the credentials are not accepted or not allowed to do this."""
+
+
+class KubeInvalid(KubeError):
+    """400/422: the server rejected the request or object as malformed (a bug in the caller)."""
+
+
+class KubeconfigError(KubeError, ValueError):
+    """The kubeconfig text cannot make a client; the message names the missing or wrong field."""

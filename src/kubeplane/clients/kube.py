@@ -1,164 +1,375 @@
-"""Small helpers over the official ``kubernetes`` client: clients from kubeconfig text, waits.
+"""The one Kubernetes API client of kubeplane: asyncio over :mod:`httpx`, from kubeconfig text.
 
-- :func:`api_client` builds an ``ApiClient`` from kubeconfig text handed in by the caller, never
-  from ``~/.kube`` or ``$KUBECONFIG``, so a process managing several clusters cannot pick up the
-  wrong one by accident.
-- :func:`is_retryable` says whether an exception from the client (or from the network under it)
-  is worth retrying: timeouts, refused or reset connections, early EOF, 5xx answers, 429. A 4xx
-  answer means the request itself is wrong and fails the same way next time.
-- :func:`call` runs a blocking call of the client in a thread; what :func:`is_retryable` accepts
-  leaves it as the typed :class:`~kubeplane.clients.errors.KubeUnavailable` (:data:`RETRYABLE`),
-  so waits retry by type.
-- :func:`wait_for` polls a predicate with :meth:`kubeplane.retry.Wait.poll` until it returns something
-  truthy, retrying retryable errors with a ``retrying error: ...`` log line and raising
-  :class:`~kubeplane.clients.errors.WaitTimeout` that names what was awaited and the last error.
+The agent, the ops layer and the CLI all talk to the API server through :class:`KubeClient`.
+Rejected alternatives: the official ``kubernetes`` package is blocking (every call a thread),
+its urllib3 pool retries by default (a request may be sent again behind the caller's back), it
+added about 0.2 s to every CLI start, and its ``DynamicClient`` caches discovery in a file under
+the system temp directory keyed by server URL, which goes stale across clusters that reuse an
+address (every local test cluster is ``127.0.0.1:6443``). ``kubernetes_asyncio`` is the same
+generated API and model classes over aiohttp, a second HTTP stack next to httpx. What kubeplane
+needs is a handful of verbs on JSON objects, discovery for manifests of arbitrary kinds, and one
+error policy; that is this module.
+
+- **Kubeconfig text only**, never ``~/.kube`` or ``$KUBECONFIG``, so a process managing several
+  clusters cannot pick up the wrong one by accident. The context is ``context``, else the
+  kubeconfig's ``current-context``, else its first one; the cluster CA must be embedded; the user is a client
+  certificate or a bearer token. A missing piece is a :class:`~kubeplane.clients.errors.KubeconfigError`
+  naming the field.
+- **Typed errors** (:mod:`kubeplane.clients.errors`): 404 ``KubeNotFound``, 409 ``KubeConflict``,
+  401/403 ``KubeForbidden``, 400/422 ``KubeInvalid``; no answer, a timeout, a dropped connection,
+  429 and 5xx are ``KubeUnavailable`` (retryable). A TLS failure (the server's certificate not
+  trusted, or a client certificate refused) is ``KubeForbidden``: asking again fails the same way.
+  Messages carry the verb, the path and the server's ``Status.message``.
+- **No hidden retry**: each call sends its request once. Retrying is the caller's decision, made
+  by type in one place: a :class:`kubeplane.retry.Wait` with ``retry_on=RETRYABLE``.
+- **Discovery** (kind → resource path) is cached per client and per group/version; a kind not
+  found is looked up once more (a CRD created a moment ago), then reported.
+
+One client per event loop and operation, closed with ``async with``; ``transport=`` takes an
+``httpx.MockTransport`` in unit tests.
 """
 
 from __future__ import annotations
 
-import asyncio
-import http.client
-import logging
-import socket
+import base64
+import dataclasses
+import json
 import ssl
-import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Literal
 
-import urllib3.exceptions
+import httpx
 import yaml
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
-from kubeplane import retry
 from kubeplane.clients import errors
+from kubeplane.clients import etcd as etcd_client
 
-log = logging.getLogger(__name__)
+#: Seconds one request may take unless the client is made with another ``timeout``.
+REQUEST_TIMEOUT = 10.0
 
-T = TypeVar("T")
-
-# HTTP statuses that mean "the server could not serve this now" rather than "this is wrong".
-_RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
-
-_NETWORK_ERRORS: tuple[type[BaseException], ...] = (
-    ConnectionError,  # refused, reset, aborted, broken pipe
-    TimeoutError,
-    socket.timeout,
-    EOFError,
-    http.client.RemoteDisconnected,
-    http.client.IncompleteRead,
-    ssl.SSLEOFError,
-    urllib3.exceptions.TimeoutError,
-    urllib3.exceptions.ProtocolError,
-    urllib3.exceptions.NewConnectionError,
-)
-
-
-#: Seconds one request of the official client may take (every call made through :func:`call`).
-REQUEST_TIMEOUT = 10
-
-
-#: What a wait over Kubernetes API calls retries: the boundary's typed errors (see :func:`call`).
+#: What a wait over Kubernetes API calls retries (with :class:`kubeplane.retry.Wait`).
 RETRYABLE: tuple[type[BaseException], ...] = (errors.KubeUnavailable, errors.EtcdUnavailable)
 
+#: Patch flavours and their content types. ``strategic`` merges lists by key (containers by
+#: name), ``merge`` (RFC 7386) replaces lists whole, ``json`` is an RFC 6902 list of operations.
+PatchType = Literal["merge", "strategic", "json"]
+_PATCH_TYPES: dict[str, str] = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+}
+_APPLY_PATCH = "application/apply-patch+yaml"
 
-async def call(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run a call of the official (blocking) client in a thread, bounded by :data:`REQUEST_TIMEOUT`.
+_BY_STATUS: dict[int, type[errors.KubeError]] = {
+    400: errors.KubeInvalid,
+    401: errors.KubeForbidden,
+    403: errors.KubeForbidden,
+    404: errors.KubeNotFound,
+    409: errors.KubeConflict,
+    422: errors.KubeInvalid,
+    429: errors.KubeUnavailable,
+}
 
-    An error worth retrying (:func:`is_retryable`) is raised as
-    :class:`~kubeplane.clients.errors.KubeUnavailable`; any other propagates as it is.
-    """
+
+@dataclasses.dataclass(frozen=True)
+class ApiResource:
+    """Where objects of one kind live: ``/api/v1`` or ``/apis/<group>/<version>`` plus the plural."""
+
+    base: str
+    plural: str
+    namespaced: bool
+
+    def path(self, *, namespace: str | None, name: str | None = None) -> str:
+        """The collection path (``name`` None) or the object path."""
+        parts = [self.base]
+        if self.namespaced and namespace:
+            parts += ["namespaces", namespace]
+        parts.append(self.plural)
+        if name:
+            parts.append(name)
+        return "/".join(parts)
+
+
+def is_ready(obj: Mapping[str, Any]) -> bool:
+    """Whether ``obj`` (a Node or a Pod) has the condition ``Ready`` with status ``True``."""
+    conditions = (obj.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def error_for(verb: str, path: str, response: httpx.Response) -> errors.KubeError:
+    """The typed error of a failed answer, with the server's ``Status.message`` (or the body's start)."""
     try:
-        return await asyncio.to_thread(function, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
-    except Exception as exc:
-        mapped = unavailable(exc)
-        if mapped is exc:
-            raise
-        raise mapped from exc
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        reason = str(body["message"])
+    else:
+        reason = response.text[:200].strip() or response.reason_phrase
+    status = response.status_code
+    kind = _BY_STATUS.get(status) or (errors.KubeUnavailable if status >= 500 else errors.KubeError)
+    return kind(f"{verb} {path}: {status} {reason}", status=status, verb=verb, path=path, reason=reason)
 
 
-def api_client(kubeconfig: str | bytes, *, context: str | None = None) -> Any:
-    """A ``kubernetes.client.ApiClient`` for the cluster ``kubeconfig`` (text) describes.
+class KubeClient:
+    """An authenticated connection to one API server (use as ``async with``)."""
 
-    Inline certificate data is written by the library to private temporary files; nothing is
-    read from or written to the user's kubeconfig.
-    """
-    text = kubeconfig.decode() if isinstance(kubeconfig, bytes) else kubeconfig
-    document = yaml.safe_load(text)
-    if not isinstance(document, dict) or not document.get("clusters"):
-        raise ValueError("kubeconfig has no clusters; pass the text of a kubeconfig file, not a path")
-    configuration = k8s_client.Configuration()
-    k8s_config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
-        document, context=context, client_configuration=configuration, persist_config=False
-    )
-    return k8s_client.ApiClient(configuration)
+    def __init__(
+        self,
+        kubeconfig: str | bytes,
+        *,
+        context: str | None = None,
+        timeout: float = REQUEST_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        config = _Kubeconfig.parse(kubeconfig, context=context)
+        self.server = config.server
+        self._http = httpx.AsyncClient(
+            base_url=self.server,
+            verify=config.tls,
+            headers=config.headers,
+            timeout=timeout,
+            transport=transport,
+            # Only the kubeconfig says where and how to connect: no proxy variables, no .netrc.
+            trust_env=False,
+        )
+        self._discovery: dict[str, dict[str, ApiResource]] = {}
 
+    async def __aenter__(self) -> KubeClient:
+        return self
 
-def is_retryable(exc: BaseException) -> bool:
-    """Whether sending the same request again later may succeed."""
-    if isinstance(exc, errors.ClientError):
-        return exc.retryable
-    status = getattr(exc, "status", None)
-    if isinstance(exc, k8s_client.ApiException) and isinstance(status, int) and status:
-        return status in _RETRYABLE_STATUSES
-    if isinstance(exc, _NETWORK_ERRORS):
-        return True
-    if isinstance(exc, urllib3.exceptions.MaxRetryError):
-        return exc.reason is None or is_retryable(exc.reason)
-    # An ApiException without status wraps a transport failure; look at what caused it.
-    cause = exc.__cause__ or exc.__context__
-    return cause is not None and cause is not exc and is_retryable(cause)
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
 
+    async def aclose(self) -> None:
+        await self._http.aclose()
 
-def unavailable(exc: BaseException) -> BaseException:
-    """``exc`` as the client boundary reports it: :class:`~kubeplane.clients.errors.KubeUnavailable`
-    when :func:`is_retryable` says so (and it is not a typed client error already), else ``exc``."""
-    if isinstance(exc, errors.ClientError) or not is_retryable(exc):
-        return exc
-    mapped = errors.KubeUnavailable(_one_line(exc))
-    mapped.__cause__ = exc
-    return mapped
+    # -- requests -----------------------------------------------------------------------------
 
-
-def wait_for(
-    predicate: Callable[[], T],
-    *,
-    timeout: float,
-    interval: float = 1.0,
-    describe: str,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> T:
-    """Call ``predicate`` every ``interval`` seconds until it returns a truthy value; return it.
-
-    Retryable exceptions are logged (``retrying error: <describe>: <error>``) and retried; any
-    other exception propagates at once. After ``timeout`` seconds raises ``WaitTimeout`` saying
-    what ``describe`` names and the last error or value seen.
-    """
-
-    def attempt() -> T:
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` once; a transport failure raises its typed error, an answer returns."""
+        verb, path = request.method, request.url.path
         try:
-            return predicate()
-        except Exception as exc:
-            mapped = unavailable(exc)
-            if mapped is exc:
-                raise
-            raise mapped from exc
+            return await self._http.send(request)
+        except ssl.SSLError as exc:
+            # httpx passes a TLS alert after the handshake (a client certificate refused under
+            # TLS 1.3) through unwrapped.
+            raise _tls_error(verb, path, exc) from exc
+        except httpx.TransportError as exc:
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, ssl.SSLError) and not isinstance(cause, ssl.SSLEOFError):
+                raise _tls_error(verb, path, exc) from exc
+            reason = str(exc) or type(exc).__name__
+            message = f"{verb} {self.server}{path}: {reason}"
+            raise errors.KubeUnavailable(message, verb=verb, path=path, reason=reason) from exc
 
-    def progress(failed: retry.Attempt) -> None:
-        if failed.error is not None:
-            log.info("retrying error: %s: %s", describe, failed.reason)
+    async def request(
+        self,
+        verb: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str = "application/json",
+        params: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Send one request; the answer's JSON object, or the typed error of a failure."""
+        content = None if body is None else body if isinstance(body, str) else json.dumps(body)
+        response = await self._send(
+            self._http.build_request(
+                verb,
+                path,
+                content=content,
+                headers={"Content-Type": content_type} if content is not None else None,
+                params=dict(params) if params else None,
+            )
+        )
+        if not response.is_success:
+            raise error_for(verb, path, response)
+        if not response.content:
+            return {}
+        try:
+            document = response.json()
+        except ValueError as exc:
+            status = response.status_code
+            raise errors.KubeError(
+                f"{verb} {path}: {status} answer is not JSON: {exc}", status=status, verb=verb, path=path
+            ) from exc
+        return document if isinstance(document, dict) else {"items": document}
 
-    return retry.Wait(
-        what=describe,
-        timeout=timeout,
-        backoff=retry.fixed(interval),
-        retry_on=RETRYABLE,
-        progress=progress,
-        error=errors.WaitTimeout,
-        clock=clock,
-    ).poll(attempt, sleep=sleep)
+    async def raw_get(self, path: str) -> tuple[int, str]:
+        """GET ``path`` as text, whatever the status (``/readyz``, ``/version``); only no answer raises."""
+        response = await self._send(self._http.build_request("GET", path))
+        return response.status_code, response.text
+
+    async def get(self, path: str) -> dict[str, Any]:
+        return await self.request("GET", path)
+
+    async def get_or_none(self, path: str) -> dict[str, Any] | None:
+        """The object at ``path``, or None when there is none (404)."""
+        try:
+            return await self.get(path)
+        except errors.KubeNotFound:
+            return None
+
+    async def list(
+        self, path: str, *, label_selector: str = "", field_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        """The items of the collection at ``path``, filtered by the selectors."""
+        params = {"labelSelector": label_selector, "fieldSelector": field_selector}
+        document = await self.request("GET", path, params={k: v for k, v in params.items() if v})
+        return list(document.get("items") or [])
+
+    async def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """POST ``obj`` to the collection at ``path``; ``KubeConflict`` when it exists."""
+        return await self.request("POST", path, body=obj)
+
+    async def replace(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT ``obj`` at ``path``; with ``metadata.resourceVersion`` set, ``KubeConflict`` if it changed."""
+        return await self.request("PUT", path, body=obj)
+
+    async def patch(self, path: str, patch: Any, *, patch_type: PatchType) -> dict[str, Any]:
+        """PATCH ``path`` with ``patch`` of ``patch_type`` (named by every caller: they differ on lists)."""
+        return await self.request("PATCH", path, body=patch, content_type=_PATCH_TYPES[patch_type])
+
+    async def apply(
+        self,
+        path: str,
+        obj: Mapping[str, Any],
+        *,
+        field_manager: str,
+        force: bool = False,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """Server-side apply ``obj`` at its object ``path`` as ``field_manager`` (created when missing)."""
+        params = {"fieldManager": field_manager}
+        if force:
+            params["force"] = "true"
+        if dry_run:
+            params["dryRun"] = "All"
+        # JSON is YAML: the apply patch content type accepts it.
+        return await self.request("PATCH", path, body=obj, content_type=_APPLY_PATCH, params=params)
+
+    async def delete(
+        self, path: str, *, resource_version: str | None = None, grace_period_seconds: int | None = None
+    ) -> dict[str, Any]:
+        """DELETE ``path``; with ``resource_version`` only that version (else ``KubeConflict``)."""
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if resource_version is not None:
+            options["preconditions"] = {"resourceVersion": resource_version}
+        if grace_period_seconds is not None:
+            options["gracePeriodSeconds"] = grace_period_seconds
+        return await self.request("DELETE", path, body=options)
+
+    # -- discovery ----------------------------------------------------------------------------
+
+    async def resource(self, api_version: str, kind: str) -> ApiResource:
+        """Discover where ``kind`` of ``api_version`` lives (refreshing the cache once on a miss)."""
+        for refresh in (False, True):
+            if refresh or api_version not in self._discovery:
+                self._discovery[api_version] = await self._discover(api_version)
+            found = self._discovery[api_version].get(kind)
+            if found is not None:
+                return found
+        path = _group_version_path(api_version)
+        raise errors.KubeNotFound(
+            f"the API server does not serve kind {kind} in {api_version}; check apiVersion and kind "
+            "(a custom resource needs its CustomResourceDefinition first)",
+            status=404,
+            verb="GET",
+            path=path,
+        )
+
+    async def object_path(self, obj: Mapping[str, Any]) -> str:
+        """The path of ``obj`` (by its apiVersion, kind, namespace and name), found by discovery."""
+        metadata = obj.get("metadata") or {}
+        resource = await self.resource(str(obj["apiVersion"]), str(obj["kind"]))
+        return resource.path(namespace=metadata.get("namespace") or "default", name=metadata["name"])
+
+    async def _discover(self, api_version: str) -> dict[str, ApiResource]:
+        base = _group_version_path(api_version)
+        document = await self.get_or_none(base)
+        found = {}
+        for item in (document or {}).get("resources") or ():
+            if "/" in item.get("name", ""):
+                continue  # subresources such as pods/status
+            found[item["kind"]] = ApiResource(
+                base=base, plural=item["name"], namespaced=bool(item["namespaced"])
+            )
+        return found
 
 
-def _one_line(exc: BaseException) -> str:
-    return retry.one_line(exc)
+def _group_version_path(api_version: str) -> str:
+    return f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+
+
+def _tls_error(verb: str, path: str, exc: BaseException) -> errors.KubeForbidden:
+    reason = str(exc) or type(exc).__name__
+    return errors.KubeForbidden(
+        f"{verb} {path}: TLS failed (server certificate not trusted, or client certificate "
+        f"refused): {reason}",
+        verb=verb,
+        path=path,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kubeconfig:
+    """What a client needs from a kubeconfig: server URL, TLS context, auth headers."""
+
+    server: str
+    tls: ssl.SSLContext
+    headers: dict[str, str]
+
+    @classmethod
+    def parse(cls, text: str | bytes, *, context: str | None) -> _Kubeconfig:
+        text = text.decode() if isinstance(text, bytes) else text
+        try:
+            document = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise errors.KubeconfigError(f"the kubeconfig is not YAML: {exc}") from exc
+        if not isinstance(document, dict) or not document.get("clusters"):
+            raise errors.KubeconfigError(
+                "the kubeconfig has no clusters; pass the text of a kubeconfig file, not a path"
+            )
+        contexts = document.get("contexts") or [{}]
+        name = context or document.get("current-context") or str(contexts[0].get("name") or "")
+        chosen = _named(document, "contexts", name, "context")
+        cluster = _named(document, "clusters", str(chosen.get("cluster", "")), "cluster")
+        user = _named(document, "users", str(chosen.get("user", "")), "user")
+        server = str(cluster.get("server") or "").rstrip("/")
+        if not server:
+            raise errors.KubeconfigError(f"the kubeconfig's cluster {chosen.get('cluster')!r} has no server")
+        ca = _b64_field(cluster, "certificate-authority-data")
+        if ca is None:
+            raise errors.KubeconfigError(
+                "the kubeconfig has no certificate-authority-data; it must embed the cluster CA"
+            )
+        cert, key = _b64_field(user, "client-certificate-data"), _b64_field(user, "client-key-data")
+        token = user.get("token")
+        if cert and key:
+            # A generic mutual-TLS context builder; it only lives in the etcd client module.
+            tls = etcd_client.tls_context(ca=ca, cert=cert, key=key)
+        elif token:
+            tls = ssl.create_default_context(cadata=ca.decode())
+        else:
+            raise errors.KubeconfigError(
+                f"the kubeconfig's user {chosen.get('user')!r} has neither client-certificate-data "
+                "with client-key-data nor a token"
+            )
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return cls(server=server, tls=tls, headers=headers)
+
+
+def _b64_field(section: Mapping[str, Any], key: str) -> bytes | None:
+    value = section.get(key)
+    return base64.b64decode(value) if isinstance(value, str) and value else None
+
+
+def _named(document: Mapping[str, Any], section: str, name: str, field: str) -> dict[str, Any]:
+    for item in document.get(section) or ():
+        if isinstance(item, dict) and item.get("name") == name and isinstance(item.get(field), dict):
+            return dict(item[field])
+    raise errors.KubeconfigError(f"the kubeconfig has no {field} named {name!r} in {section}")

@@ -43,8 +43,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from kubernetes import client as k8s_client
-
 from kubeplane import config as machine_config
 from kubeplane import pki, retry
 from kubeplane import plan as plan_module
@@ -171,7 +169,7 @@ Echo = Callable[[str], None]
 
 
 #: What the waits retry, by type: the Kubernetes API or etcd could not answer now (the client
-#: boundary raises these, :func:`kubeplane.clients.kube.call`), a node API call could not reach its
+#: boundary raises these, :class:`kubeplane.clients.kube.KubeClient`), a node API call could not reach its
 #: node (:class:`~kubeplane.ops.errors.NodeUnavailable`), or the network under them failed.
 RETRYABLE: tuple[type[BaseException], ...] = (
     *kube_client.RETRYABLE,
@@ -634,27 +632,24 @@ def _set_path(tree: Mapping[str, Any], path: Sequence[str], value: str) -> list[
     return ops
 
 
-def self_hosted_problems(api_client: Any) -> list[str]:
+async def self_hosted_problems(api: kube_client.KubeClient) -> list[str]:
     """What keeps a self-hosted control plane from being complete: a control plane or checkpointer
     DaemonSet not Ready everywhere, or a temporary (non-checkpoint) static control plane pod left."""
-    try:
-        apps, core = k8s_client.AppsV1Api(api_client), k8s_client.CoreV1Api(api_client)
-        listed: list[Any] = apps.list_namespaced_daemon_set("kube-system").items
-        daemonsets = {ds.metadata.name: ds for ds in listed}
-        pods: list[Any] = core.list_namespaced_pod("kube-system").items
-    finally:
-        api_client.close()
+    listed = await api.list("/apis/apps/v1/namespaces/kube-system/daemonsets")
+    daemonsets = {ds["metadata"]["name"]: ds for ds in listed}
+    pods = await api.list("/api/v1/namespaces/kube-system/pods")
     problems = []
     for name in (*COMPONENTS, CHECKPOINTER):
         ds = daemonsets.get(name)
         if ds is None:
             problems.append(f"DaemonSet kube-system/{name} does not exist yet")
         else:
-            desired, ready = ds.status.desired_number_scheduled or 0, ds.status.number_ready or 0
+            status = ds.get("status") or {}
+            desired, ready = status.get("desiredNumberScheduled") or 0, status.get("numberReady") or 0
             if not desired or ready < desired:
                 problems.append(f"DaemonSet kube-system/{name}: {ready}/{desired} ready")
     for pod in pods:
-        annotations = pod.metadata.annotations or {}
+        annotations = pod["metadata"].get("annotations") or {}
         if annotations.get(SECRETS_VERSION) and CHECKPOINT_OF not in annotations:
-            problems.append(f"temporary static pod {pod.metadata.name} still runs")
+            problems.append(f"temporary static pod {pod['metadata']['name']} still runs")
     return problems

@@ -21,7 +21,9 @@ the first failure as the original does — with one node down, later checks are 
 the operator whether the rest of the cluster still works.
 
 The checks reach the cluster only through the two interfaces the caller hands in: a node API
-client factory and a Kubernetes ``ApiClient`` factory. Nothing here knows about local clusters.
+client factory and a :class:`~kubeplane.clients.kube.KubeClient` factory (a client per attempt,
+each in its own event loop: the checks are blocking calls). Nothing here knows about local
+clusters.
 """
 
 from __future__ import annotations
@@ -30,22 +32,24 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
-
-from kubernetes import client as k8s
+from collections.abc import Awaitable, Callable, Sequence
+from http import HTTPStatus
+from typing import Any, TypeVar
 
 from kubeplane import api, retry
+from kubeplane.clients import kube as kube_client
 
 #: The static pods every control plane node runs (their ``k8s-app`` label).
 CONTROL_PLANE_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 SYSTEM_NAMESPACE = "kube-system"
-_REQUEST_TIMEOUT = 5
+#: Seconds one Kubernetes API request of a check may take (the clients a KubeFactory makes).
+REQUEST_TIMEOUT = 5.0
 
+T = TypeVar("T")
 #: Makes a node API client whose calls go to ``nodes`` (through the caller's endpoints).
 NodeClientFactory = Callable[[Sequence[str]], api.NodeClient]
-#: Makes a ``kubernetes.client.ApiClient`` for the cluster.
-KubeFactory = Callable[[], Any]
+#: Makes a Kubernetes API client for the cluster.
+KubeFactory = Callable[[], kube_client.KubeClient]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +147,10 @@ def default_checks(topology: Topology, *, node_client: NodeClientFactory, kube: 
         return problems
 
     def etcd_consistent() -> list[str]:
+        # Read the member sets again on every attempt: a member added while the check above read
+        # them shows on some nodes a moment before the others, and that first read must not stand
+        # for the whole wait. Nodes that do not answer were reported above; the rest must agree.
+        etcd_healthy()
         if not members:
             return ["no control plane node answered with its etcd members"]
         problems = []
@@ -158,47 +166,49 @@ def default_checks(topology: Topology, *, node_client: NodeClientFactory, kube: 
         return problems
 
     def nodes_ready() -> list[str]:
-        by_ip = _nodes_by_ip(kube)
+        by_ip = kube_call(kube, _nodes_by_ip)
         problems = []
         for ip in topology.nodes:
             node = by_ip.get(ip)
             if node is None:
                 problems.append(f"node {ip}: not registered in Kubernetes")
                 continue
-            ready = next((c for c in node.status.conditions or [] if c.type == "Ready"), None)
-            if ready is None or ready.status != "True":
-                why = f"{ready.reason}: {ready.message}" if ready is not None else "no Ready condition yet"
-                problems.append(f"node {ip} ({node.metadata.name}): not Ready ({why})")
+            conditions = (node.get("status") or {}).get("conditions") or []
+            ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+            if ready is None or ready.get("status") != "True":
+                why = (
+                    f"{ready.get('reason')}: {ready.get('message')}"
+                    if ready is not None
+                    else "no Ready condition yet"
+                )
+                problems.append(f"node {ip} ({node['metadata']['name']}): not Ready ({why})")
         return problems
 
     def static_pods_ready() -> list[str]:
-        pods = _core(
-            kube, lambda core: core.list_namespaced_pod(SYSTEM_NAMESPACE, _request_timeout=_REQUEST_TIMEOUT)
-        )
+        pods = kube_call(kube, lambda api: api.list(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods"))
         problems = []
         for ip in topology.controlplanes:
             for component in CONTROL_PLANE_COMPONENTS:
                 found = [
                     pod
-                    for pod in pods.items
-                    if (pod.metadata.labels or {}).get("k8s-app") == component and pod.status.host_ip == ip
+                    for pod in pods
+                    if (pod["metadata"].get("labels") or {}).get("k8s-app") == component
+                    and (pod.get("status") or {}).get("hostIP") == ip
                 ]
                 if not found:
                     problems.append(f"node {ip}: no {component} pod")
-                elif not any(_pod_ready(pod) for pod in found):
-                    problems.append(f"node {ip}: {component} is {found[0].status.phase}, not Ready")
+                elif not any(kube_client.is_ready(pod) for pod in found):
+                    phase = (found[0].get("status") or {}).get("phase")
+                    problems.append(f"node {ip}: {component} is {phase}, not Ready")
         return problems
 
     def api_endpoint() -> list[str]:
-        client = kube()
-        host = client.configuration.host
-        try:
-            response = client.call_api("GET", f"{host}/readyz", _request_timeout=_REQUEST_TIMEOUT)
-            response.read()
-            status, body = response.status, (response.data or b"")[:200]
-        finally:
-            client.close()
-        return [] if status == 200 else [f"{host}/readyz answered HTTP {status}: {body!r}"]
+        async def readyz(api: kube_client.KubeClient) -> tuple[str, int, str]:
+            return (api.server, *await api.raw_get("/readyz"))
+
+        host, status, text = kube_call(kube, readyz)
+        body = text[:200].encode()
+        return [] if status == HTTPStatus.OK else [f"{host}/readyz answered HTTP {status}: {body!r}"]
 
     return [
         Check("etcd to be healthy", etcd_healthy),
@@ -224,26 +234,23 @@ async def _etcd_members(factory: NodeClientFactory, nodes: Sequence[str]) -> lis
     return replies
 
 
-def _core(kube: KubeFactory, call: Callable[[Any], Any]) -> Any:
-    client = kube()
-    try:
-        return call(k8s.CoreV1Api(client))
-    finally:
-        client.close()
+def kube_call(kube: KubeFactory, call: Callable[[kube_client.KubeClient], Awaitable[T]]) -> T:
+    """Run ``call`` with a new client from ``kube`` in an event loop of its own; close the client."""
+
+    async def run() -> T:
+        async with kube() as client:
+            return await call(client)
+
+    return asyncio.run(run())
 
 
-def _nodes_by_ip(kube: KubeFactory) -> dict[str, Any]:
-    nodes = _core(kube, lambda core: core.list_node(_request_timeout=_REQUEST_TIMEOUT))
+async def _nodes_by_ip(api: kube_client.KubeClient) -> dict[str, Any]:
     found = {}
-    for node in nodes.items:
-        for address in node.status.addresses or []:
-            if address.type == "InternalIP":
-                found[address.address] = node
+    for node in await api.list("/api/v1/nodes"):
+        for address in (node.get("status") or {}).get("addresses") or []:
+            if address.get("type") == "InternalIP":
+                found[address["address"]] = node
     return found
-
-
-def _pod_ready(pod: Any) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
 def failing_nodes(results: Sequence[Result]) -> set[str]:

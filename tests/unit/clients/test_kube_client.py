@@ -1,56 +1,297 @@
-"""Retryable-error classification, waits, and ApiClient construction from kubeconfig text."""
+"""The Kubernetes API client: kubeconfig text, error mapping, verbs and content types, discovery,
+no hidden retry, and waits that retry by type (every request answered by ``httpx.MockTransport``)."""
 
 from __future__ import annotations
 
-import http.client
-import logging
+import asyncio
+import base64
+import json
+import ssl
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
-import urllib3.exceptions
-from kubernetes.client import ApiException
+import yaml
 
-from kubeplane import pki
+from kubeplane import pki, retry
 from kubeplane.clients import errors, kube
 
 pytestmark = pytest.mark.unit
 
+CA = pki.new_ca("kubernetes")
+ADMIN = pki.issue(ca=CA, common_name="admin", organizations=["system:masters"], usages=("client",))
+KUBECONFIG = pki.kubeconfig(
+    cluster_name="c1", server="https://10.5.0.1:6443", ca_cert=CA.cert, user="admin", client=ADMIN
+)
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def token_kubeconfig(**changes: Any) -> str:
+    document: dict[str, Any] = {
+        "clusters": [
+            {
+                "name": "c",
+                "cluster": {
+                    "server": "https://10.5.0.2:6443/",
+                    "certificate-authority-data": base64.b64encode(CA.cert).decode(),
+                },
+            }
+        ],
+        "users": [{"name": "u", "user": {"token": "abcdef.0123456789abcdef"}}],
+        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "ctx",
+    }
+    document.update(changes)
+    return yaml.safe_dump(document)
+
+
+def call(handler: Handler, use: Callable[[kube.KubeClient], Any], kubeconfig: str = KUBECONFIG) -> Any:
+    async def scenario() -> Any:
+        async with kube.KubeClient(kubeconfig, transport=httpx.MockTransport(handler)) as api:
+            return await use(api)
+
+    return asyncio.run(scenario())
+
+
+def status(code: int, message: str) -> Handler:
+    return lambda request: httpx.Response(code, json={"kind": "Status", "message": message})
+
+
+# -- kubeconfig ---------------------------------------------------------------------------------
+
+
+def test_client_certificate_kubeconfig_text_does_not_touch_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "must-not-be-read"))
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"gitVersion": "v1.20.2"})
+
+    assert call(handler, lambda api: api.get("/version"), KUBECONFIG.encode()) == {"gitVersion": "v1.20.2"}
+    assert str(seen[0].url) == "https://10.5.0.1:6443/version"
+    assert "Authorization" not in seen[0].headers
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_token_kubeconfig_sends_a_bearer_token() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={})
+
+    call(handler, lambda api: api.get("/api/v1/nodes"), token_kubeconfig())
+    assert seen[0].headers["Authorization"] == "Bearer abcdef.0123456789abcdef"
+    assert str(seen[0].url) == "https://10.5.0.2:6443/api/v1/nodes"
+
+
+def test_context_is_chosen_by_name_or_current_context() -> None:
+    other = {"name": "other", "context": {"cluster": "missing", "user": "u"}}
+    text = token_kubeconfig(contexts=[{"name": "ctx", "context": {"cluster": "c", "user": "u"}}, other])
+    assert kube.KubeClient(text).server == "https://10.5.0.2:6443"
+    with pytest.raises(errors.KubeconfigError, match="no cluster named 'missing' in clusters"):
+        kube.KubeClient(text, context="other")
+
 
 @pytest.mark.parametrize(
-    ("exc", "expected"),
+    ("text", "message"),
     [
-        (ApiException(status=503, reason="Service Unavailable"), True),
-        (ApiException(status=500, reason="Internal Server Error"), True),
-        (ApiException(status=429, reason="Too Many Requests"), True),
-        (ApiException(status=504, reason="Gateway Timeout"), True),
-        (ApiException(status=404, reason="Not Found"), False),
-        (ApiException(status=409, reason="Conflict"), False),
-        (ApiException(status=403, reason="Forbidden"), False),
-        (ConnectionRefusedError(111, "Connection refused"), True),
-        (ConnectionResetError(104, "Connection reset by peer"), True),
-        (TimeoutError("timed out"), True),
-        (http.client.RemoteDisconnected("Remote end closed connection without response"), True),
-        (urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError()), True),
-        (urllib3.exceptions.MaxRetryError(None, "/version", ConnectionRefusedError()), True),  # type: ignore[arg-type]
-        (urllib3.exceptions.ReadTimeoutError(None, "/version", "read timed out"), True),  # type: ignore[arg-type]
-        (errors.EtcdUnavailable("no leader"), True),
-        (errors.EtcdConflict("lost"), False),
-        (ValueError("bad manifest"), False),
-        (KeyError("metadata"), False),
+        ("/etc/kubernetes/admin.conf", "not a path"),
+        (token_kubeconfig(users=[{"name": "u", "user": {}}]), "neither client-certificate-data"),
+        (token_kubeconfig(**{"current-context": "nope"}), "no context named 'nope'"),
+        (
+            token_kubeconfig(clusters=[{"name": "c", "cluster": {"server": "https://x:6443"}}]),
+            "no certificate-authority-data",
+        ),
+        (token_kubeconfig(clusters=[{"name": "c", "cluster": {}}]), "has no server"),
     ],
 )
-def test_is_retryable(exc: BaseException, expected: bool) -> None:
-    assert kube.is_retryable(exc) is expected
+def test_kubeconfig_errors_name_the_missing_field(text: str, message: str) -> None:
+    with pytest.raises(errors.KubeconfigError, match=message) as caught:
+        kube.KubeClient(text)
+    assert isinstance(caught.value, ValueError)
+    assert not caught.value.retryable
 
 
-def test_is_retryable_follows_the_cause() -> None:
-    try:
+# -- errors -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "kind", "retryable"),
+    [
+        (503, errors.KubeUnavailable, True),
+        (500, errors.KubeUnavailable, True),
+        (429, errors.KubeUnavailable, True),
+        (504, errors.KubeUnavailable, True),
+        (404, errors.KubeNotFound, False),
+        (409, errors.KubeConflict, False),
+        (401, errors.KubeForbidden, False),
+        (403, errors.KubeForbidden, False),
+        (400, errors.KubeInvalid, False),
+        (422, errors.KubeInvalid, False),
+        (405, errors.KubeError, False),
+    ],
+)
+def test_answers_map_to_typed_errors(code: int, kind: type[errors.KubeError], retryable: bool) -> None:
+    with pytest.raises(errors.KubeError) as caught:
+        call(status(code, "the server says why"), lambda api: api.get("/api/v1/nodes/n1"))
+    assert type(caught.value) is kind
+    assert caught.value.retryable is retryable
+    assert caught.value.status == code
+    assert str(caught.value) == f"GET /api/v1/nodes/n1: {code} the server says why"
+    assert caught.value.answer == f"{code} the server says why"
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        httpx.ConnectError("[Errno 111] Connection refused"),
+        httpx.ReadTimeout("timed out"),
+        httpx.RemoteProtocolError("Server disconnected without sending a response."),
+        httpx.ReadError("[Errno 104] Connection reset by peer"),
+    ],
+)
+def test_no_answer_is_unavailable_and_sent_once(failure: httpx.TransportError) -> None:
+    """No hidden retry: a dropped connection is reported, not silently sent again."""
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        raise failure
+
+    with pytest.raises(
+        errors.KubeUnavailable, match=r"POST https://10.5.0.1:6443/api/v1/namespaces"
+    ) as caught:
+        call(handler, lambda api: api.create("/api/v1/namespaces", {"metadata": {"name": "x"}}))
+    assert caught.value.retryable and caught.value.status == 0
+    assert len(sent) == 1
+
+
+def test_a_refused_client_certificate_is_not_retryable() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise ssl.SSLError(1, "[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required")
+
+    with pytest.raises(errors.KubeForbidden, match="TLS failed") as caught:
+        call(handler, lambda api: api.get("/version"))
+    assert not caught.value.retryable
+
+
+def test_an_untrusted_server_certificate_is_not_retryable() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
         try:
-            raise ConnectionResetError(104, "reset")
-        except ConnectionResetError as inner:
-            raise RuntimeError("request failed") from inner
-    except RuntimeError as outer:
-        assert kube.is_retryable(outer)
+            raise ssl.SSLCertVerificationError(1, "certificate verify failed")
+        except ssl.SSLError as exc:
+            raise httpx.ConnectError(str(exc)) from exc
+
+    with pytest.raises(errors.KubeForbidden, match="certificate verify failed"):
+        call(handler, lambda api: api.get("/version"))
+
+
+def test_raw_get_returns_any_answer() -> None:
+    answer = call(lambda r: httpx.Response(500, text="[-]etcd failed"), lambda api: api.raw_get("/readyz"))
+    assert answer == (500, "[-]etcd failed")
+
+
+# -- verbs --------------------------------------------------------------------------------------
+
+
+def recorder(answer: dict[str, Any] | None = None) -> tuple[list[httpx.Request], Handler]:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=answer or {})
+
+    return seen, handler
+
+
+@pytest.mark.parametrize(
+    ("patch_type", "content_type"),
+    [
+        ("merge", "application/merge-patch+json"),
+        ("strategic", "application/strategic-merge-patch+json"),
+        ("json", "application/json-patch+json"),
+    ],
+)
+def test_patch_content_types(patch_type: kube.PatchType, content_type: str) -> None:
+    seen, handler = recorder()
+    body = [{"op": "add", "path": "/x", "value": 1}] if patch_type == "json" else {"spec": {"x": 1}}
+    call(handler, lambda api: api.patch("/api/v1/nodes/n1", body, patch_type=patch_type))
+    assert seen[0].method == "PATCH"
+    assert seen[0].headers["Content-Type"] == content_type
+    assert json.loads(seen[0].content) == body
+
+
+def test_server_side_apply_params() -> None:
+    seen, handler = recorder()
+    obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "m", "namespace": "default"}}
+    path = "/api/v1/namespaces/default/configmaps/m"
+    call(handler, lambda api: api.apply(path, obj, field_manager="kubeplane", force=True, dry_run=True))
+    call(handler, lambda api: api.apply(path, obj, field_manager="kubeplane-upgrade"))
+    assert [r.headers["Content-Type"] for r in seen] == ["application/apply-patch+yaml"] * 2
+    assert dict(seen[0].url.params) == {"fieldManager": "kubeplane", "force": "true", "dryRun": "All"}
+    assert dict(seen[1].url.params) == {"fieldManager": "kubeplane-upgrade"}
+    assert json.loads(seen[0].content) == obj
+
+
+def test_list_with_selectors_and_delete_with_preconditions() -> None:
+    seen, handler = recorder({"items": [{"metadata": {"name": "p"}}]})
+
+    async def use(api: kube.KubeClient) -> list[dict[str, Any]]:
+        await api.delete("/x/leases/l", resource_version="42")
+        await api.delete("/api/v1/namespaces/kube-system/pods/p", grace_period_seconds=0)
+        return await api.list("/api/v1/pods", label_selector="k8s-app=a", field_selector="spec.nodeName=n")
+
+    assert call(handler, use) == [{"metadata": {"name": "p"}}]
+    first, second, listing = seen
+    assert json.loads(first.content)["preconditions"] == {"resourceVersion": "42"}
+    assert json.loads(second.content)["gracePeriodSeconds"] == 0
+    assert dict(listing.url.params) == {"labelSelector": "k8s-app=a", "fieldSelector": "spec.nodeName=n"}
+
+
+def test_get_or_none() -> None:
+    assert call(status(404, "not found"), lambda api: api.get_or_none("/api/v1/nodes/x")) is None
+
+
+# -- discovery ----------------------------------------------------------------------------------
+
+
+def test_discovery_is_cached_and_refreshed_once_on_a_miss() -> None:
+    served: list[dict[str, Any]] = [{"kind": "Pod", "name": "pods", "namespaced": True}]
+    asked: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        if request.url.path == "/apis/example.test/v1":
+            return httpx.Response(404, json={"message": "not found"})
+        return httpx.Response(200, json={"resources": [*served, {"kind": "Pod", "name": "pods/status"}]})
+
+    async def use(api: kube.KubeClient) -> list[str]:
+        pods = await api.resource("v1", "Pod")
+        again = await api.resource("v1", "Pod")
+        assert pods == again == kube.ApiResource(base="/api/v1", plural="pods", namespaced=True)
+        served.append({"kind": "Widget", "name": "widgets", "namespaced": False})  # a CRD meanwhile
+        widgets = await api.resource("v1", "Widget")
+        with pytest.raises(errors.KubeNotFound, match="does not serve kind Gadget in v1"):
+            await api.resource("v1", "Gadget")
+        with pytest.raises(errors.KubeNotFound, match=r"does not serve kind Unknown in example\.test/v1"):
+            await api.resource("example.test/v1", "Unknown")
+        obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}
+        return [widgets.path(namespace="x", name="w"), await api.object_path(obj)]
+
+    assert call(handler, use) == ["/api/v1/widgets/w", "/api/v1/namespaces/default/pods/p"]
+    # Pod: once; Widget: a miss, refreshed; Gadget: refreshed once more, then reported.
+    assert asked.count("/api/v1") == 3
+
+
+# -- waits --------------------------------------------------------------------------------------
 
 
 class FakeClock:
@@ -64,67 +305,42 @@ class FakeClock:
         self.now += seconds
 
 
-def test_wait_for_retries_retryable_errors_and_logs_them(caplog: pytest.LogCaptureFixture) -> None:
+def wait(what: str, timeout: float, clock: FakeClock) -> retry.Wait:
+    return retry.Wait(
+        what=what, timeout=timeout, backoff=retry.fixed(1), retry_on=kube.RETRYABLE, clock=clock
+    )
+
+
+def test_waits_retry_unavailable_answers() -> None:
     clock = FakeClock()
-    outcomes: list[object] = [ConnectionRefusedError(111, "refused"), None, "ready"]
+    answers = [httpx.Response(503, json={"message": "etcd not ready"}), httpx.Response(200, json={"ok": 1})]
 
-    def predicate() -> object:
-        outcome = outcomes.pop(0)
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
+    def attempt() -> Any:
+        return call(lambda request: answers.pop(0), lambda api: api.get("/readyz"))
 
-    with caplog.at_level(logging.INFO, logger="kubeplane.clients.kube"):
-        result = kube.wait_for(
-            predicate, timeout=10, interval=1, describe="the API server", clock=clock, sleep=clock.sleep
-        )
-    assert result == "ready"
-    assert clock.now == 2
-    assert [r.getMessage() for r in caplog.records] == ["retrying error: the API server: [Errno 111] refused"]
+    assert wait("the API server", 10, clock).poll(attempt, sleep=clock.sleep) == {"ok": 1}
+    assert clock.now == 1
 
 
-def test_wait_for_raises_non_retryable_errors_at_once() -> None:
+def test_waits_raise_non_retryable_errors_at_once() -> None:
     clock = FakeClock()
-
-    def predicate() -> bool:
-        raise ApiException(status=403, reason="Forbidden")
-
-    with pytest.raises(ApiException):
-        kube.wait_for(predicate, timeout=10, describe="x", clock=clock, sleep=clock.sleep)
+    with pytest.raises(errors.KubeForbidden):
+        wait("x", 10, clock).poll(lambda: call(status(403, "forbidden"), lambda api: api.get("/x")))
     assert clock.now == 0
 
 
-def test_wait_for_timeout_names_what_and_last_error() -> None:
+def test_wait_timeout_names_what_and_last_error() -> None:
     clock = FakeClock()
-
-    def predicate() -> bool:
-        raise ApiException(status=503, reason="Service Unavailable")
-
     with pytest.raises(
-        errors.WaitTimeout, match=r"after 3s waiting for node n1 to be Ready \(last error: .*503"
+        retry.WaitTimeout, match=r"after 3s waiting for node n1 to be Ready \(last error: .*503"
     ):
-        kube.wait_for(
-            predicate, timeout=3, interval=1, describe="node n1 to be Ready", clock=clock, sleep=clock.sleep
+        wait("node n1 to be Ready", 3, clock).poll(
+            lambda: call(status(503, "unavailable"), lambda api: api.get("/api/v1/nodes/n1")),
+            sleep=clock.sleep,
         )
 
 
-def test_api_client_from_kubeconfig_text_does_not_touch_home(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "must-not-be-read"))
-    ca = pki.new_ca("kubernetes")
-    admin = pki.issue(ca=ca, common_name="admin", organizations=["system:masters"], usages=("client",))
-    text = pki.kubeconfig(
-        cluster_name="c1", server="https://10.5.0.1:6443", ca_cert=ca.cert, user="admin", client=admin
-    )
-    api = kube.api_client(text.encode())
-    assert api.configuration.host == "https://10.5.0.1:6443"
-    assert Path(api.configuration.cert_file).read_bytes() == admin.cert
-    assert Path(api.configuration.ssl_ca_cert).read_bytes() == ca.cert
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_api_client_rejects_a_path() -> None:
-    with pytest.raises(ValueError, match="not a path"):
-        kube.api_client("/etc/kubernetes/admin.conf")
+def test_is_ready() -> None:
+    assert kube.is_ready({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    assert not kube.is_ready({"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+    assert not kube.is_ready({})

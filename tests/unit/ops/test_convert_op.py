@@ -8,11 +8,10 @@ import dataclasses
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiException
 
 from kubeplane import config as machine_config
 from kubeplane import plan
-from kubeplane.clients.errors import KubeUnavailable
+from kubeplane.clients.errors import KubeNotFound, KubeUnavailable
 from kubeplane.config import generate as gen
 from kubeplane.ops import convert
 from kubeplane.ops.errors import NodeUnavailable, PreflightError, WaitTimeout
@@ -264,7 +263,7 @@ def test_refuses_persist_false() -> None:
         (KubeUnavailable("(503) Service Unavailable"), True),
         (NodeUnavailable("node 10.0.0.2: no answer (UNAVAILABLE)"), True),
         (EOFError(), True),
-        (ApiException(status=404, reason="Not Found"), False),
+        (KubeNotFound("GET /api/v1/nodes/x: 404 Not Found", status=404), False),
         (ValueError("bad"), False),
     ],
 )

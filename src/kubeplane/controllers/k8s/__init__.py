@@ -8,8 +8,9 @@ one module each: ``control_plane`` (K8sControlPlaneController → kcpc), ``stati
 (ControlPlaneStaticPodController), ``kubelet_static_pod`` (KubeletStaticPodController),
 ``manifest`` (ManifestController), ``extra_manifest`` (ExtraManifestController),
 ``manifest_apply`` (ManifestApplyController), ``bootstrap_status`` (BootstrapStatusController);
-helpers: ``outputs`` (writing outputs), ``etcd_access`` (keys, client, watch), ``kube_rest``
-(asyncio Kubernetes REST with discovery).
+helpers: ``outputs`` (writing outputs), ``etcd_access`` (keys, client, watch). The Kubernetes
+API is reached through :class:`kubeplane.clients.kube.KubeClient` (its errors are
+``kubeplane.clients.errors.KubeError``).
 
 Exceptions::
 
@@ -18,8 +19,7 @@ Exceptions::
     │                                      encryption secret); the message names the input, what was
     │                                      wrong and what to do
     ├── extra_manifest.ManifestSourceError an extra manifest URL cannot be fetched or its YAML parsed
-    ├── manifest_apply.ApplyError          one object could not be applied (kept per manifest)
-    └── kube_rest.KubeApiError             a Kubernetes API request failed (``status``, 0: no answer)
+    └── manifest_apply.ApplyError          one object could not be applied (kept per manifest)
 """
 
 from __future__ import annotations

@@ -32,15 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 from collections.abc import Mapping, Sequence
+from http import HTTPStatus
 from typing import Any
 
-import httpx
-
 from kubeplane.clients import errors as client_errors
+from kubeplane.clients import kube
 from kubeplane.controllers import ControllerError
-from kubeplane.controllers.k8s import etcd_access, kube_rest, outputs, render
+from kubeplane.controllers.k8s import etcd_access, outputs, render
 from kubeplane.resources import Resource, catalog
 from kubeplane.runtime import ControllerLogger, Input, Output, ReconcileContext
 
@@ -49,7 +48,6 @@ STATUS_ID = "manifests"
 #: The controller's background task that waits for the endpoint and the lock, then applies.
 APPLY_TASK = "apply"
 FIELD_MANAGER = "kubeplane"
-_APPLY_PATCH = "application/apply-patch+yaml"
 _KIND_RANK = {"Namespace": 0, "CustomResourceDefinition": 1}
 # Fields the server owns; left out of sync diffs so only what a manifest sets shows up.
 _SERVER_METADATA = ("managedFields", "resourceVersion", "generation", "uid", "creationTimestamp", "selfLink")
@@ -102,7 +100,7 @@ def _for_diff(obj: Mapping[str, Any] | None) -> list[str]:
 class Applier:
     """Applies objects through one API connection (see the module docstring for the modes)."""
 
-    def __init__(self, api: kube_rest.KubeRest, *, sync: bool, logger: ControllerLogger) -> None:
+    def __init__(self, api: kube.KubeClient, *, sync: bool, logger: ControllerLogger) -> None:
         self.api = api
         self.sync = sync
         self.logger = logger
@@ -119,44 +117,43 @@ class Applier:
         assert isinstance(api_version, str) and isinstance(kind, str)  # narrowed above, for mypy
         try:
             resource = await self.api.resource(api_version, kind)
-        except kube_rest.KubeApiError as exc:
+        except client_errors.KubeError as exc:
             raise ApplyError(f"{name}: {exc}") from exc
         namespace = (metadata.get("namespace") or "default") if resource.namespaced else None
         if namespace is not None:
             obj = {**obj, "metadata": {**metadata, "namespace": namespace}}
             name = describe(obj)
         path = resource.path(namespace=namespace, name=metadata["name"])
-        current = await self.api.request("GET", path)
-        if current.status_code not in (httpx.codes.OK, httpx.codes.NOT_FOUND):
-            raise ApplyError(f"{name}: reading it failed: {kube_rest.error_message(current)}")
+        try:
+            live = await self.api.get_or_none(path)
+        except client_errors.KubeError as exc:
+            raise ApplyError(f"{name}: reading it failed: {exc.answer}") from exc
         if self.sync:
-            live = current.json() if current.status_code == httpx.codes.OK else None
             await self._server_side_apply(obj, path=path, name=name, live=live)
-        elif current.status_code == httpx.codes.NOT_FOUND:
-            created = await self.api.request("POST", resource.path(namespace=namespace), body=obj)
-            if created.status_code == httpx.codes.CONFLICT:
+        elif live is None:
+            try:
+                await self.api.create(resource.path(namespace=namespace), obj)
+            except client_errors.KubeConflict:
                 return  # another writer created it meanwhile; create-only is satisfied
-            if created.status_code not in (httpx.codes.OK, httpx.codes.CREATED):
-                raise ApplyError(f"{name}: creating it failed: {kube_rest.error_message(created)}")
+            except client_errors.KubeError as exc:
+                raise ApplyError(f"{name}: creating it failed: {exc.answer}") from exc
             self.logger.info("created %s", name)
 
     async def _server_side_apply(
         self, obj: dict[str, Any], *, path: str, name: str, live: dict[str, Any] | None
     ) -> None:
-        params = {"fieldManager": FIELD_MANAGER, "force": "true"}
-        body = json.dumps(obj)  # JSON is YAML: the apply patch content type accepts it
-        dry = await self.api.request(
-            "PATCH", path, body=body, content_type=_APPLY_PATCH, params={**params, "dryRun": "All"}
-        )
-        if dry.status_code not in (httpx.codes.OK, httpx.codes.CREATED):
-            raise ApplyError(f"{name}: server-side apply dry run failed: {kube_rest.error_message(dry)}")
-        diff = "".join(difflib.unified_diff(_for_diff(live), _for_diff(dry.json()), "live", "manifest"))
+        try:
+            dry = await self.api.apply(path, obj, field_manager=FIELD_MANAGER, force=True, dry_run=True)
+        except client_errors.KubeError as exc:
+            raise ApplyError(f"{name}: server-side apply dry run failed: {exc.answer}") from exc
+        diff = "".join(difflib.unified_diff(_for_diff(live), _for_diff(dry), "live", "manifest"))
         if not diff:
             return
         self.logger.info("applying %s with changes:\n%s", name, diff)
-        applied = await self.api.request("PATCH", path, body=body, content_type=_APPLY_PATCH, params=params)
-        if applied.status_code not in (httpx.codes.OK, httpx.codes.CREATED):
-            raise ApplyError(f"{name}: server-side apply failed: {kube_rest.error_message(applied)}")
+        try:
+            await self.api.apply(path, obj, field_manager=FIELD_MANAGER, force=True)
+        except client_errors.KubeError as exc:
+            raise ApplyError(f"{name}: server-side apply failed: {exc.answer}") from exc
         self.logger.info("%s %s", "created" if live is None else "updated", name)
 
 
@@ -168,7 +165,7 @@ async def apply_manifests(
     for manifest_id, obj in apply_order(manifests):
         try:
             await applier.apply(obj)
-        except (ApplyError, kube_rest.KubeApiError) as exc:
+        except ApplyError as exc:
             applier.logger.error("manifest %s: %s", manifest_id, exc)
             failures.setdefault(manifest_id, []).append(str(exc))
     ids = sorted(manifest_id for manifest_id, _ in manifests)
@@ -275,12 +272,11 @@ class ManifestApplyController:
 
     async def _apply(self, plan: _Plan, logger: ControllerLogger) -> _Outcome:
         """Wait for the endpoint and the lock, then apply (the background task, see module docstring)."""
-        async with kube_rest.KubeRest(plan.kubeconfig) as api:
+        async with kube.KubeClient(plan.kubeconfig) as api:
             try:
-                version = await api.request("GET", "/version")
-                up = version.status_code == httpx.codes.OK
-                reason = kube_rest.error_message(version)
-            except kube_rest.KubeApiError as exc:
+                code, text = await api.raw_get("/version")
+                up, reason = code == HTTPStatus.OK, f"{code} {text[:200].strip()}"
+            except client_errors.KubeError as exc:
                 up, reason = False, str(exc)
             if not up:
                 logger.info("control plane endpoint not up yet, will retry: %s", reason)

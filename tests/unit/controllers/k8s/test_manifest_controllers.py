@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from k8s_harness import LocalServer, eventually, publish_addresses, publish_config, put, run, settle
 
-from kubeplane.controllers.k8s import kube_rest, manifest_apply
+from kubeplane.clients import kube
+from kubeplane.controllers.k8s import manifest_apply
 from kubeplane.controllers.k8s.control_plane import K8sControlPlaneController
 from kubeplane.controllers.k8s.extra_manifest import ExtraManifestController
 from kubeplane.controllers.k8s.manifest import ManifestController
@@ -134,10 +135,10 @@ def test_describe_and_resource_paths() -> None:
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "r"}}
     assert manifest_apply.describe(secret) == "v1/Secret/kube-system/t"
     assert manifest_apply.describe(role) == "rbac.authorization.k8s.io/v1/ClusterRole/r"
-    secrets = kube_rest.ApiResource(base="/api/v1", plural="secrets", namespaced=True)
+    secrets = kube.ApiResource(base="/api/v1", plural="secrets", namespaced=True)
     assert secrets.path(namespace="kube-system") == "/api/v1/namespaces/kube-system/secrets"
     assert secrets.path(namespace="kube-system", name="t") == "/api/v1/namespaces/kube-system/secrets/t"
-    roles = kube_rest.ApiResource(
+    roles = kube.ApiResource(
         base="/apis/rbac.authorization.k8s.io/v1", plural="clusterroles", namespaced=False
     )
     assert roles.path(namespace=None, name="r") == "/apis/rbac.authorization.k8s.io/v1/clusterroles/r"
