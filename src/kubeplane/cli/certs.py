@@ -19,7 +19,6 @@ import click
 
 from kubeplane import pki
 from kubeplane.api import NodeClient
-from kubeplane.cli import cluster as cluster_cli
 from kubeplane.cli import connect, output
 
 HEADERS = ("NODE", "EXPIRES", "LEFT", "", "SUBJECT", "ISSUER", "WHAT", "PATH")
@@ -97,7 +96,7 @@ def certs(*, warn: str, fmt: output.Format) -> None:
     Each node reports those it keeps on disk: etcd's, the Kubernetes components', the kubelet's
     kubeconfigs and rotated certificates; only public parts (subject, issuer, expiry), never keys.
     """
-    window = datetime.timedelta(seconds=cluster_cli.parse_duration(warn))
+    window = datetime.timedelta(seconds=output.parse_duration(warn))
     target = connect.resolve(connect.options())
     outcome = connect.Outcome()
     listed = outcome.results(connect.with_client(target, NodeClient.certificates))

@@ -14,7 +14,6 @@ from typing import Any
 import click
 
 from kubeplane import pki
-from kubeplane.cli import cluster as cluster_cli
 from kubeplane.cli import connect, output
 from kubeplane.config import client as client_config
 
@@ -180,7 +179,7 @@ def new(*, path: Path, roles: tuple[str, ...], crt_ttl: str, common_name: str, f
     Give someone read-only access with `kubeplane config new --roles reader reader.config`.
     """
     chosen = _roles(roles)
-    lifetime = int(cluster_cli.parse_duration(crt_ttl))
+    lifetime = int(output.parse_duration(crt_ttl))
     if path.exists() and not force:
         raise click.ClickException(f"{path} exists: pass --force to overwrite it")
     target = connect.resolve(connect.options())

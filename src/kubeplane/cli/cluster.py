@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -38,21 +37,10 @@ from kubeplane.provision import cluster as cluster_mod
 from kubeplane.provision import create as create_mod
 from kubeplane.provision import netns, planning, state, teardown, toolchain
 
-_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
-
 
 def register(group: click.Group) -> None:
     group.add_command(cluster)
     group.add_command(images)
-
-
-def parse_duration(value: str) -> float:
-    """``10m``, ``1h30m``, ``90s`` or ``90`` -> seconds."""
-    match = _DURATION.match(value.strip())
-    if not value.strip() or match is None:
-        raise click.BadParameter(f"{value!r} is not a duration: use e.g. 90s, 5m or 1h")
-    hours, minutes, seconds = (int(part or 0) for part in match.groups())
-    return float(hours * 3600 + minutes * 60 + seconds)
 
 
 def load_patch(value: str, option: str) -> gen.Patch:
@@ -123,7 +111,7 @@ def create(
     With --dry-run, print the steps (with the names, addresses and versions this request gets) and
     change nothing; the host checks (root, tools, toolchain, addresses) are not run then.
     """
-    timeout = parse_duration(wait_timeout)
+    timeout = output.parse_duration(wait_timeout)
     try:
         request = planning.ClusterRequest(
             name=name,

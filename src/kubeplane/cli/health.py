@@ -16,7 +16,6 @@ import click
 import yaml
 
 from kubeplane import api
-from kubeplane.cli import cluster as cluster_cli
 from kubeplane.cli import connect, output
 from kubeplane.clients import kube
 from kubeplane.ops import health as health_ops
@@ -80,7 +79,7 @@ def health(
     *, wait_timeout: str, cp_nodes: tuple[str, ...], worker_nodes: tuple[str, ...], k8s_endpoint: str | None
 ) -> None:
     """Check the cluster: etcd, nodes Ready, control plane static pods, the API endpoint."""
-    timeout = cluster_cli.parse_duration(wait_timeout)
+    timeout = output.parse_duration(wait_timeout)
     target = connect.resolve(connect.options())
     expected = topology(target, controlplanes=_split(cp_nodes), workers=_split(worker_nodes))
     kubeconfig = fetch_kubeconfig(target, server=k8s_endpoint)

@@ -17,20 +17,39 @@ import click
 # gRPC's C core logs TLS handshake failures to stderr at info level; the CLI reports errors itself.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-#: Command family modules, each with ``register(group: click.Group) -> None``.
-FAMILIES = (
-    "kubeplane.cli.node",
-    "kubeplane.cli.clientconfig",
-    "kubeplane.cli.cluster_ops",
-    "kubeplane.cli.cluster",
-    "kubeplane.cli.health",
-    "kubeplane.cli.gen",
-    "kubeplane.cli.validate",
-    "kubeplane.cli.toolchain",
-    "kubeplane.cli.upgrade",
-    "kubeplane.cli.convert",
-    "kubeplane.cli.certs",
-)
+#: Command family modules, each with ``register(group: click.Group) -> None`` adding exactly these
+#: commands. A family is imported when one of its commands runs (``--help`` imports them all), so
+#: ``kubeplane get`` does not pay for the provisioner's imports; a unit test keeps this table true.
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "kubeplane.cli.node": (
+        "version", "get", "apply-config", "edit", "patch", "read", "ls", "logs", "events", "service",
+        "reboot",
+    ),
+    "kubeplane.cli.clientconfig": ("config",),
+    "kubeplane.cli.cluster_ops": ("bootstrap", "etcd", "kubeconfig", "containers"),
+    "kubeplane.cli.cluster": ("cluster", "images"),
+    "kubeplane.cli.health": ("health",),
+    "kubeplane.cli.gen": ("gen",),
+    "kubeplane.cli.validate": ("validate",),
+    "kubeplane.cli.toolchain": ("toolchain",),
+    "kubeplane.cli.upgrade": ("upgrade-k8s",),
+    "kubeplane.cli.convert": ("convert-k8s",),
+    "kubeplane.cli.certs": ("certs",),
+}  # fmt: skip
+_FAMILY_OF = {command: family for family, commands in FAMILIES.items() for command in commands}
+
+
+class _FamilyGroup(click.Group):
+    """The root group: loads a command's family module on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *_FAMILY_OF})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        family = _FAMILY_OF.get(cmd_name)
+        if cmd_name not in self.commands and family is not None:
+            importlib.import_module(family).register(self)
+        return self.commands.get(cmd_name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +66,10 @@ def _split(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(
+    cls=_FamilyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+)
 @click.option(
     "--kubeplaneconfig",
     "config_path",
@@ -84,10 +106,6 @@ def cli(
     ctx.obj = Context(
         config_path=config_path, context=context, endpoints=_split(endpoints), nodes=_split(nodes)
     )
-
-
-for _name in FAMILIES:
-    importlib.import_module(_name).register(cli)
 
 
 def main() -> None:

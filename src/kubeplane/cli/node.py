@@ -42,7 +42,6 @@ import kubeplane
 from kubeplane import config as machine_config
 from kubeplane import resources
 from kubeplane.api import NodeClient, Reply
-from kubeplane.cli import cluster as cluster_cli
 from kubeplane.cli import connect, output
 from kubeplane.resources import catalog
 
@@ -120,7 +119,7 @@ def _mode(immediate: bool, on_reboot: bool, mode_name: str | None, try_timeout: 
     name = mode_name or ("immediate" if immediate else "on-reboot" if on_reboot else "reboot")
     if name != "try":
         return _ApplyMode(name)
-    seconds = int(cluster_cli.parse_duration(try_timeout))
+    seconds = int(output.parse_duration(try_timeout))
     if not 1 <= seconds <= 3600:
         raise click.BadParameter("must be between 1s and 1h", param_hint="--timeout")
     return _ApplyMode(name, seconds)
@@ -605,7 +604,7 @@ def events(*, follow: bool, tail: int | None, since: str | None, fmt: output.For
     -n A,B the events of every node are printed as they arrive, labelled by node. -o json prints
     one object per line: {"node", "id", "timestamp", "kind", "subject", "message"}.
     """
-    since_seconds = int(cluster_cli.parse_duration(since)) if since is not None else None
+    since_seconds = int(output.parse_duration(since)) if since is not None else None
     target = connect.resolve(connect.options())
     outcome = connect.Outcome()
     rows = output.StreamingTable(EVENT_HEADERS)

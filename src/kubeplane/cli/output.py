@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import io
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -132,6 +133,18 @@ def documents(items: Sequence[object], output: Format) -> str:
 
 
 # --- ages -------------------------------------------------------------------------------------
+
+
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
+
+
+def parse_duration(value: str) -> float:
+    """``10m``, ``1h30m``, ``90s`` or ``90`` -> seconds."""
+    match = _DURATION.match(value.strip())
+    if not value.strip() or match is None:
+        raise click.BadParameter(f"{value!r} is not a duration: use e.g. 90s, 5m or 1h")
+    hours, minutes, seconds = (int(part or 0) for part in match.groups())
+    return float(hours * 3600 + minutes * 60 + seconds)
 
 
 def duration(seconds: float) -> str:

@@ -10,6 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from kubeplane.cli import cluster as cluster_cli
+from kubeplane.cli import output
 from kubeplane.config import generate as gen
 from kubeplane.ops import health
 from kubeplane.provision import cluster, leftovers, planning
@@ -175,12 +176,12 @@ def test_cli_dry_run_prints_every_creation_step_and_creates_nothing(
 
 
 def test_parse_duration() -> None:
-    assert cluster_cli.parse_duration("10m") == 600
-    assert cluster_cli.parse_duration("1h30m") == 5400
-    assert cluster_cli.parse_duration("45s") == 45
-    assert cluster_cli.parse_duration("90") == 90
+    assert output.parse_duration("10m") == 600
+    assert output.parse_duration("1h30m") == 5400
+    assert output.parse_duration("45s") == 45
+    assert output.parse_duration("90") == 90
     with pytest.raises(Exception, match="not a duration"):
-        cluster_cli.parse_duration("soon")
+        output.parse_duration("soon")
 
 
 def test_images_lists_what_nodes_pull() -> None:
