@@ -43,7 +43,7 @@ import base64
 import dataclasses
 import json
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from types import TracebackType
 from typing import Any, Literal
 
@@ -258,7 +258,7 @@ class KubeClient:
         *,
         timeout_seconds: int = 300,
         bookmarks: bool = True,
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
         """``(type, object)`` of each change of the collection at ``path`` after ``resource_version``.
 
         Types are ``ADDED``, ``MODIFIED``, ``DELETED`` and, with ``bookmarks``, ``BOOKMARK`` (an
