@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine, Iterable
-from typing import Any
+from typing import Any, cast
 
 from kubeplane.dns.answer import Forward, Reply, respond
 from kubeplane.dns.corefile import Config
@@ -43,8 +43,8 @@ class _Udp(asyncio.DatagramProtocol):
         self.transport: asyncio.DatagramTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.DatagramTransport)
-        self.transport = transport
+        # The selector loop's datagram transport does not subclass DatagramTransport in 3.11.
+        self.transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         assert self.transport is not None
