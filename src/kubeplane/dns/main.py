@@ -82,9 +82,9 @@ async def serve(config: corefile.Config, kubeconfig: str, address: str) -> None:
         log.info("Corefile %s: not acted on", line)
     targets = forward.upstreams(config, forward.local_addresses(address))
     forwarder = forward.Forwarder(targets, cache_ttl=config.cache_ttl)
-    server: Server | None = None
     async with KubeClient(kubeconfig) as client:
-        mirror = watch.Mirror(on_change=lambda table: server.cache.clear() if server else None)
+        # The wire cache drops its entries by itself when it sees a new table.
+        mirror = watch.Mirror()
         server = Server(config, mirror, forwarder, address=address)
         await server.start()
         try:

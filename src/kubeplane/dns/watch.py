@@ -5,8 +5,9 @@ watches from the list's ``resourceVersion`` (with bookmarks, so a resumed watch 
 recent version):
 
 - every event rebuilds that one Service's records (``Table.with_service``/``without_service``) and
-  swaps :attr:`Mirror.table` in one assignment (one event loop, no lock), then calls ``on_change``
-  (the server drops its wire cache there). A query in flight keeps the snapshot it started with;
+  swaps :attr:`Mirror.table` in one assignment (one event loop, no lock), then calls ``on_change``.
+  The server's wire cache sees the new table object and drops its entries; a query in flight
+  keeps the snapshot it started with;
 - ``KubeGone`` (the version was compacted away) lists again and replaces that whole set;
 - ``KubeUnavailable`` (no answer, a broken stream) waits a :class:`kubeplane.retry.Backoff`
   delay (0.2 s doubling to 5 s, reset by any progress) and watches again from the last version
