@@ -14,7 +14,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dns.message
 import dns.query
@@ -24,10 +24,12 @@ import dns.rrset
 import httpx
 import pytest
 import yaml
-from conftest import Processes, Started
 
 import kubeplane
 from kubeplane import pki
+
+if TYPE_CHECKING:
+    from conftest import Processes, Started
 
 pytestmark = pytest.mark.integration
 
