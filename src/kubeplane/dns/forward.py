@@ -27,7 +27,6 @@ import dns.exception
 import dns.flags
 import dns.message
 import dns.name
-import dns.query
 import dns.rcode
 
 from kubeplane.dns.corefile import Config, Upstream
@@ -166,11 +165,11 @@ class Forwarder:
     def _cached(self, query: dns.message.Message) -> dns.message.Message | None:
         key = self._key(query)
         entry = self._cache.get(key) if key is not None else None
-        if entry is None:
+        if key is None or entry is None:
             return None
         now = self._clock()
         if now >= entry.expires:
-            del self._cache[key]  # type: ignore[arg-type]
+            del self._cache[key]
             return None
         # A copy with the TTLs counted down by the time the answer has been kept.
         response = dns.message.from_wire(entry.response.to_wire())

@@ -17,11 +17,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import logging
 import os
 import signal
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -122,8 +120,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("stopped: %s", exc)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        sys.exit(main())
