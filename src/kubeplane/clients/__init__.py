@@ -4,7 +4,7 @@
   TLS and endpoint failover (KV, leases, locks, watches, members, status,
   snapshots);
 - :mod:`kubeplane.clients.kube`: the one asyncio Kubernetes API client (from kubeconfig text;
-  get, list, create, replace, patch, server-side apply, delete, discovery), answering failures
+  get, list, watch, create, replace, patch, server-side apply, delete, discovery), answering failures
   with the typed errors below and never retrying by itself.
 
 This layer imports nothing else from kubeplane but :mod:`kubeplane.retry`, so every other layer
@@ -27,6 +27,7 @@ request again later may succeed)::
     └── KubeError                 the Kubernetes API refused or failed a request (.status, .verb, .path)
         ├── KubeUnavailable       retryable: could not serve now (5xx, 429, timeout, no answer)
         ├── KubeNotFound          404
+        ├── KubeGone              410: a watch's resourceVersion is too old; list again
         ├── KubeConflict          409: exists already, or resourceVersion changed
         ├── KubeForbidden         401/403, or TLS failed (untrusted server, refused client certificate)
         ├── KubeInvalid           400/422: malformed request or object

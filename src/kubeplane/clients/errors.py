@@ -126,6 +126,12 @@ class KubeUnavailable(KubeError):
     retryable = True
 
 
+class KubeGone(KubeError):
+    """410: the ``resourceVersion`` a watch named is too old (compacted away); list again and
+    watch from the list's version. Raised for a 410 answer and for a watch ``ERROR`` event with
+    code 410."""
+
+
 class KubeNotFound(KubeError):
     """404: the object (or the kind, in discovery) does not exist."""
 

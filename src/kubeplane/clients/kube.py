@@ -22,6 +22,14 @@ error policy; that is this module.
   Messages carry the verb, the path and the server's ``Status.message``.
 - **No hidden retry**: each call sends its request once. Retrying is the caller's decision, made
   by type in one place: a :class:`kubeplane.retry.Wait` with ``retry_on=RETRYABLE``.
+- **Watch**: :meth:`KubeClient.list_with_version` then :meth:`KubeClient.watch` from the list's
+  ``resourceVersion`` (a reflector). The watch is one streamed GET read line by line; it yields
+  ``(type, object)`` for ``ADDED``/``MODIFIED``/``DELETED``/``BOOKMARK``. A 410 answer or an
+  ``ERROR`` event with code 410 raises ``KubeGone``: the version is compacted away, list again.
+  When the server ends the stream (its ``timeoutSeconds`` passed) the iterator ends: watch again
+  from the last version seen. A stream that breaks (reset, early EOF, a line cut mid-object, no
+  byte for longer than ``timeoutSeconds`` plus the request timeout) raises ``KubeUnavailable``:
+  back off, then watch again from the last version seen. Nothing is resumed behind the caller's back.
 - **Discovery** (kind → resource path) is cached per client and per group/version; a kind not
   found is looked up once more (a CRD created a moment ago), then reported.
 
@@ -35,7 +43,7 @@ import base64
 import dataclasses
 import json
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from types import TracebackType
 from typing import Any, Literal
 
@@ -67,6 +75,7 @@ _BY_STATUS: dict[int, type[errors.KubeError]] = {
     403: errors.KubeForbidden,
     404: errors.KubeNotFound,
     409: errors.KubeConflict,
+    410: errors.KubeGone,
     422: errors.KubeInvalid,
     429: errors.KubeUnavailable,
 }
@@ -107,7 +116,11 @@ def error_for(verb: str, path: str, response: httpx.Response) -> errors.KubeErro
         reason = str(body["message"])
     else:
         reason = response.text[:200].strip() or response.reason_phrase
-    status = response.status_code
+    return status_error(verb, path, response.status_code, reason)
+
+
+def status_error(verb: str, path: str, status: int, reason: str) -> errors.KubeError:
+    """The typed error of HTTP ``status`` (of an answer, or of a watch ``ERROR`` event's Status)."""
     kind = _BY_STATUS.get(status) or (errors.KubeUnavailable if status >= 500 else errors.KubeError)
     return kind(f"{verb} {path}: {status} {reason}", status=status, verb=verb, path=path, reason=reason)
 
@@ -125,6 +138,7 @@ class KubeClient:
     ) -> None:
         config = _Kubeconfig.parse(kubeconfig, context=context)
         self.server = config.server
+        self._timeout = timeout
         self._http = httpx.AsyncClient(
             base_url=self.server,
             verify=config.tls,
@@ -149,11 +163,14 @@ class KubeClient:
 
     # -- requests -----------------------------------------------------------------------------
 
-    async def _send(self, request: httpx.Request) -> httpx.Response:
-        """Send ``request`` once; a transport failure raises its typed error, an answer returns."""
+    async def _send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        """Send ``request`` once; a transport failure raises its typed error, an answer returns.
+
+        With ``stream`` the body is not read yet (the caller reads and closes the response).
+        """
         verb, path = request.method, request.url.path
         try:
-            return await self._http.send(request)
+            return await self._http.send(request, stream=stream)
         except ssl.SSLError as exc:
             # httpx passes a TLS alert after the handshake (a client certificate refused under
             # TLS 1.3) through unwrapped.
@@ -162,9 +179,12 @@ class KubeClient:
             cause = exc.__cause__ or exc.__context__
             if isinstance(cause, ssl.SSLError) and not isinstance(cause, ssl.SSLEOFError):
                 raise _tls_error(verb, path, exc) from exc
-            reason = str(exc) or type(exc).__name__
-            message = f"{verb} {self.server}{path}: {reason}"
-            raise errors.KubeUnavailable(message, verb=verb, path=path, reason=reason) from exc
+            raise self._unavailable(verb, path, exc) from exc
+
+    def _unavailable(self, verb: str, path: str, exc: BaseException) -> errors.KubeUnavailable:
+        reason = str(exc) or type(exc).__name__
+        message = f"{verb} {self.server}{path}: {reason}"
+        return errors.KubeUnavailable(message, verb=verb, path=path, reason=reason)
 
     async def request(
         self,
@@ -214,6 +234,15 @@ class KubeClient:
         except errors.KubeNotFound:
             return None
 
+    async def list_with_version(
+        self, path: str, *, label_selector: str = "", field_selector: str = ""
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The items of the collection at ``path`` and the list's ``resourceVersion`` to watch from."""
+        params = {"labelSelector": label_selector, "fieldSelector": field_selector}
+        document = await self.request("GET", path, params={k: v for k, v in params.items() if v})
+        version = str((document.get("metadata") or {}).get("resourceVersion") or "")
+        return list(document.get("items") or []), version
+
     async def list(
         self, path: str, *, label_selector: str = "", field_selector: str = ""
     ) -> list[dict[str, Any]]:
@@ -221,6 +250,49 @@ class KubeClient:
         params = {"labelSelector": label_selector, "fieldSelector": field_selector}
         document = await self.request("GET", path, params={k: v for k, v in params.items() if v})
         return list(document.get("items") or [])
+
+    async def watch(
+        self,
+        path: str,
+        resource_version: str,
+        *,
+        timeout_seconds: int = 300,
+        bookmarks: bool = True,
+    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+        """``(type, object)`` of each change of the collection at ``path`` after ``resource_version``.
+
+        Types are ``ADDED``, ``MODIFIED``, ``DELETED`` and, with ``bookmarks``, ``BOOKMARK`` (an
+        object carrying only the current ``metadata.resourceVersion``: remember it, so a later
+        watch resumes from there rather than from a version that may be compacted away). The
+        server ends the stream after ``timeout_seconds``: the iterator then ends. ``KubeGone``
+        (410, either as the answer or as an ``ERROR`` event) means list again; ``KubeUnavailable``
+        means the stream broke: watch again from the last version seen. Another ``ERROR`` event
+        raises the typed error of its code. Use it under ``contextlib.aclosing`` when leaving
+        the loop early, so the connection is closed at once.
+        """
+        verb = "WATCH"
+        params = {
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        if bookmarks:
+            params["allowWatchBookmarks"] = "true"
+        # The stream may be quiet for the whole timeoutSeconds: read for that long, plus slack.
+        timeout = httpx.Timeout(self._timeout, read=timeout_seconds + self._timeout)
+        request = self._http.build_request("GET", path, params=params, timeout=timeout)
+        response = await self._send(request, stream=True)
+        try:
+            if not response.is_success:
+                await response.aread()
+                raise error_for(verb, path, response)
+            async for line in response.aiter_lines():
+                if line.strip():
+                    yield _watch_event(verb, path, line)
+        except httpx.TransportError as exc:
+            raise self._unavailable(verb, path, exc) from exc
+        finally:
+            await response.aclose()
 
     async def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         """POST ``obj`` to the collection at ``path``; ``KubeConflict`` when it exists."""
@@ -299,6 +371,23 @@ class KubeClient:
                 base=base, plural=item["name"], namespaced=bool(item["namespaced"])
             )
         return found
+
+
+def _watch_event(verb: str, path: str, line: str) -> tuple[str, dict[str, Any]]:
+    """One line of a watch stream as ``(type, object)``; an ``ERROR`` event raises its typed error."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        event = None
+    if not isinstance(event, dict) or not isinstance(event.get("object"), dict) or "type" not in event:
+        # A line cut short: the connection broke mid-event.
+        reason = f"watch stream broken: not an event: {line[:100]!r}"
+        raise errors.KubeUnavailable(f"{verb} {path}: {reason}", verb=verb, path=path, reason=reason)
+    kind, obj = str(event["type"]), event["object"]
+    if kind == "ERROR":
+        code = obj.get("code")
+        raise status_error(verb, path, code if isinstance(code, int) else 500, str(obj.get("message") or ""))
+    return kind, obj
 
 
 def _group_version_path(api_version: str) -> str:

@@ -4,7 +4,7 @@ kubeplane's replacement for the original's CoreDNS Deployment: it reads the same
 the records the Kubernetes DNS specification requires (``docs/dns.md`` has the table) from a watch
 of Services and EndpointSlices, and hands every other name to an upstream resolver.
 
-This step holds the pure core only; nothing here does I/O:
+The pure core (no I/O):
 
 - :mod:`~kubeplane.dns.corefile`: the Corefile subset kubeplane renders -> :class:`Config`;
 - :mod:`~kubeplane.dns.records`: an immutable :class:`Table` of records built from Service and
@@ -13,10 +13,17 @@ This step holds the pure core only; nothing here does I/O:
   verdict that it must be forwarded upstream;
 - :mod:`~kubeplane.dns.wirecache`: finished replies by question, the server's hot path.
 
+The I/O around it (``python3 -m kubeplane.dns -conf PATH``):
+
+- :mod:`~kubeplane.dns.watch`: reflectors keeping the table current from the API server;
+- :mod:`~kubeplane.dns.forward`: names outside the zones sent upstream, ``cache N``, loop guard;
+- :mod:`~kubeplane.dns.server`: the UDP, TCP and HTTP (``/health``, ``/ready``) listeners;
+- :mod:`~kubeplane.dns.main`: the command line and the in-cluster kubeconfig.
+
 The add-on runs in its own image with Debian's ``python3-dnspython``, ``python3-httpx`` and
 ``python3-yaml``, so the package imports nothing third-party beyond those (a unit test checks it)
-and nothing from kubeplane but itself (the later watch module may use ``kubeplane.clients``;
-import-linter checks the rest of kubeplane never imports it).
+and nothing from kubeplane but itself, ``kubeplane.clients`` and ``kubeplane.retry``
+(import-linter checks that, and that the rest of kubeplane never imports it).
 
 Exceptions::
 

@@ -59,7 +59,7 @@ _QR, _OPCODE, _TC, _RD = 0x80, 0x78, 0x02, 0x01
 
 @dataclasses.dataclass(frozen=True)
 class Forward:
-    """The query is not this server's to answer: send it upstream (a later step does)."""
+    """The query is not this server's to answer: send it upstream (:mod:`~kubeplane.dns.forward`)."""
 
     query: dns.message.Message
 

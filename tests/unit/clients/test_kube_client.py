@@ -344,3 +344,132 @@ def test_is_ready() -> None:
     assert kube.is_ready({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
     assert not kube.is_ready({"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
     assert not kube.is_ready({})
+
+
+# -- list_with_version and watch -----------------------------------------------------------------
+
+
+def stream(*chunks: bytes, error: Exception | None = None) -> httpx.AsyncByteStream:
+    """A streamed body sent chunk by chunk (lines may be split across chunks), then ``error``."""
+
+    class Chunks(httpx.AsyncByteStream):
+        async def __aiter__(self) -> Any:
+            for chunk in chunks:
+                yield chunk
+            if error is not None:
+                raise error
+
+    return Chunks()
+
+
+def event(kind: str, obj: dict[str, Any]) -> bytes:
+    return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+
+
+def svc(name: str, version: str) -> dict[str, Any]:
+    return {"kind": "Service", "metadata": {"name": name, "resourceVersion": version}}
+
+
+def watch_all(handler: Handler, **options: Any) -> list[tuple[str, dict[str, Any]]]:
+    async def use(api: kube.KubeClient) -> list[tuple[str, dict[str, Any]]]:
+        return [item async for item in api.watch("/api/v1/services", "7", **options)]
+
+    return call(handler, use)  # type: ignore[no-any-return]
+
+
+def test_list_with_version_returns_items_and_the_lists_resource_version() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.params["labelSelector"] == "a=b"
+        return httpx.Response(200, json={"metadata": {"resourceVersion": "42"}, "items": [svc("x", "40")]})
+
+    items, version = call(
+        handler, lambda api: api.list_with_version("/api/v1/services", label_selector="a=b")
+    )
+    assert version == "42"
+    assert [item["metadata"]["name"] for item in items] == ["x"]
+
+
+def test_watch_streams_events_line_by_line_from_the_version_with_bookmarks() -> None:
+    seen: list[httpx.Request] = []
+    body = event("ADDED", svc("a", "8")) + event("MODIFIED", svc("a", "9"))
+    deleted = event("DELETED", svc("a", "10"))
+    bookmark = event("BOOKMARK", {"kind": "Service", "metadata": {"resourceVersion": "11"}})
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        # A line split over two chunks and an empty keep-alive line are read as whole events.
+        return httpx.Response(200, stream=stream(body, deleted[:10], deleted[10:], b"\n", bookmark))
+
+    events = watch_all(handler, timeout_seconds=30)
+    assert [(kind, obj["metadata"]["resourceVersion"]) for kind, obj in events] == [
+        ("ADDED", "8"),
+        ("MODIFIED", "9"),
+        ("DELETED", "10"),
+        ("BOOKMARK", "11"),
+    ]
+    params = seen[0].url.params
+    assert (params["watch"], params["resourceVersion"], params["timeoutSeconds"]) == ("1", "7", "30")
+    assert params["allowWatchBookmarks"] == "true"
+    # The stream may stay quiet for timeoutSeconds: the read timeout is longer than that.
+    assert seen[0].extensions["timeout"]["read"] > 30
+
+
+def test_watch_without_bookmarks_does_not_ask_for_them() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, stream=stream())
+
+    assert watch_all(handler, bookmarks=False) == []
+    assert "allowWatchBookmarks" not in seen[0].url.params
+
+
+def test_watch_answered_410_raises_kube_gone() -> None:
+    with pytest.raises(errors.KubeGone) as caught:
+        watch_all(status(410, "too old resource version: 7 (50)"))
+    assert caught.value.status == 410
+    assert "too old resource version" in str(caught.value)
+
+
+def test_watch_error_event_with_code_410_raises_kube_gone_after_earlier_events() -> None:
+    gone = {"kind": "Status", "status": "Failure", "code": 410, "message": "too old resource version"}
+    got: list[str] = []
+
+    async def use(api: kube.KubeClient) -> None:
+        async for kind, _ in api.watch("/api/v1/services", "7"):
+            got.append(kind)
+
+    body = stream(event("ADDED", svc("a", "8")), event("ERROR", gone))
+    with pytest.raises(errors.KubeGone):
+        call(lambda request: httpx.Response(200, stream=body), use)
+    assert got == ["ADDED"]
+
+
+def test_watch_error_event_with_another_code_raises_its_typed_error() -> None:
+    forbidden = {"kind": "Status", "code": 403, "message": "no"}
+    with pytest.raises(errors.KubeForbidden):
+        watch_all(lambda request: httpx.Response(200, stream=stream(event("ERROR", forbidden))))
+
+
+def test_watch_broken_line_raises_kube_unavailable() -> None:
+    body = stream(event("ADDED", svc("a", "8")), b'{"type": "MODIFIED", "obj\n')
+    with pytest.raises(errors.KubeUnavailable, match="watch stream broken"):
+        watch_all(lambda request: httpx.Response(200, stream=body))
+
+
+def test_watch_dropped_stream_raises_kube_unavailable_and_a_clean_end_ends_the_iterator() -> None:
+    dropped = stream(event("ADDED", svc("a", "8")), error=httpx.RemoteProtocolError("peer closed"))
+    with pytest.raises(errors.KubeUnavailable, match="peer closed") as caught:
+        watch_all(lambda request: httpx.Response(200, stream=dropped))
+    assert caught.value.retryable
+    ended = stream(event("ADDED", svc("a", "8")))
+    assert len(watch_all(lambda request: httpx.Response(200, stream=ended))) == 1
+
+
+def test_watch_that_cannot_connect_raises_kube_unavailable() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    with pytest.raises(errors.KubeUnavailable):
+        watch_all(handler)

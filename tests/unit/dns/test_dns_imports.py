@@ -14,8 +14,9 @@ pytestmark = pytest.mark.unit
 
 SRC = Path(kubeplane.__file__).parent.parent
 ALLOWED_THIRD_PARTY = {"dns", "httpx", "yaml"}
-#: What the image may carry of kubeplane: the package, its client for the API server (a later step's
-#: watch), and what that client is allowed to import by the layers.
+#: What the image may carry of kubeplane: the package, its client for the API server (the watch) with
+#: what that client imports (clients.errors, clients.etcd for its TLS context, guard), and retry
+#: (the reflectors' backoff).
 ALLOWED_KUBEPLANE = ("kubeplane.dns", "kubeplane.clients", "kubeplane.retry", "kubeplane.guard")
 
 
@@ -74,3 +75,13 @@ def test_the_dns_closure_needs_only_dnspython_httpx_and_yaml() -> None:
     outside = sorted(m for m in modules if m != "kubeplane" and not m.startswith(ALLOWED_KUBEPLANE))
     assert not outside, f"kubeplane.dns reaches beyond its image: {outside}"
     assert {"kubeplane.dns.answer", "kubeplane.dns.records", "kubeplane.dns.corefile"} <= modules
+    # What the image builder must pack besides the package: exactly this closure today.
+    assert {m for m in modules if not m.startswith("kubeplane.dns")} == {
+        "kubeplane",
+        "kubeplane.clients",
+        "kubeplane.clients.errors",
+        "kubeplane.clients.etcd",
+        "kubeplane.clients.kube",
+        "kubeplane.guard",
+        "kubeplane.retry",
+    }
