@@ -202,9 +202,9 @@ class Creation:
         cluster_plan = self.cluster_plan
         network = cluster_plan.network
         directory = state_mod.cluster_dir(cluster_plan.name, root=self.state_root)
-        seeded = "the images of every complete cached toolchain build, busybox"
-        if cluster_plan.request.self_hosted:
-            seeded += " and the pod-checkpointer image"
+        seeded = "the images of every complete cached toolchain build"
+        seeded += ", the pod-checkpointer image and" if cluster_plan.request.self_hosted else " and"
+        seeded += " the busybox workload image"
         steps = [
             _step(KIND_STATE, "cluster state", f"{directory} (metadata, secrets bundle)"),
             _step(
