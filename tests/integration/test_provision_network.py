@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from kubeplane import pki
-from kubeplane.provision import hostproc, images, netns, registry, state
+from kubeplane.provision import hostproc, images, netns, registry, state, workload_images
 from kubeplane.provision import loadbalancer as lb
 
 pytestmark = pytest.mark.integration
@@ -287,6 +287,28 @@ def test_registry_serves_pushed_images_to_nodes_and_logs_their_pulls(
     assert result.stdout.strip() == "200", result.stderr
     assert registry.pulled_repositories(reg.log) == {"kpt-hello"}
     assert {p.client for p in registry.pulls(reg.log) if p.method == "GET"} == {node.ip}
+
+    records = cluster.records()
+    teardown(cluster.state)
+    assert_nothing_left(cluster, records)
+
+
+def test_busybox_workload_image_is_served_under_both_tags(cluster: Cluster) -> None:
+    """What cluster create pushes for `kubectl run --image=busybox`: one image, two tags."""
+    create_network(cluster)
+    image = workload_images.Builder().ensure_busybox()
+    reg = registry.Registry(cluster.state.directory / "registry", address=cluster.plan.host_ip)
+    cluster.state.dirs["registry"] = str(reg.directory)
+    cluster.state.processes["registry"] = reg.start()
+    cluster.state.save()
+
+    assert [reg.push(image.archive, ref) for ref in image.refs] == [True, True]
+    assert registry.mirror_path("busybox") == ("library/busybox", "latest")
+    assert reg.catalog() == ["library/busybox"]
+    version = image.refs[0].rpartition(":")[2]
+    assert sorted(reg.tags("library/busybox")) == sorted([version, "latest"])
+    digests = {reg.config_digest("library/busybox", tag) for tag in (version, "latest")}
+    assert digests == {registry.archive_config_digest(image.archive)}
 
     records = cluster.records()
     teardown(cluster.state)

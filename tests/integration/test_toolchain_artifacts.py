@@ -1,7 +1,8 @@
 """The cached toolchain gives real, working parts: versioned binaries and loadable images.
 
 Needs the toolchain built by scripts/setup (``kubeplane toolchain build``) in ``$KUBEPLANE_CACHE``
-(default /var/cache/kubeplane), skopeo, and root for chroot and network namespaces.
+(default /var/cache/kubeplane), skopeo, and root for chroot and network namespaces. The busybox
+workload image is ensured here (a cache hit after scripts/setup, seconds otherwise).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import kubeplane
-from kubeplane.provision import images, toolchain
+from kubeplane.provision import images, toolchain, workload_images
 
 pytestmark = pytest.mark.integration
 
@@ -97,3 +98,19 @@ def test_kube_proxy_image_has_working_iptables_and_conntrack(
     out = _run("unshare", "--net", "sh", "-c", script)
     assert "-A KUBE-SERVICES -p tcp -m comment --comment kp-test -m tcp --dport 443 -j RETURN" in out
     assert ":KUBE-FIREWALL" in out
+
+
+def test_busybox_image_runs_its_shell_tar_and_nslookup(tmp_path: Path) -> None:
+    _require_root()
+    image = workload_images.Builder().ensure_busybox()
+    assert images.read_manifest(image.archive)[0]["RepoTags"] == [image.refs[0]]
+    info = json.loads(_run("skopeo", "inspect", f"docker-archive:{image.archive}"))
+    assert len(info["Layers"]) == 1
+    root = _unpack_image(image.archive, tmp_path)
+    assert (root / "bin" / "sh").readlink() == Path("/bin/busybox")
+    out = _run("chroot", str(root), "/bin/sh", "-c", "tar --help 2>&1 | head -1; nslookup 2>&1 | head -1; id")
+    assert f"BusyBox v{image.refs[0].rpartition(':')[2]}" in out
+    assert "uid=0(root) gid=0(root)" in out
+    # kubectl cp is tar through exec: a round trip through the image's tar.
+    script = "mkdir /tmp/d && echo hi >/tmp/d/f && tar -cf - -C /tmp d | tar -xf - -C /root && cat /root/d/f"
+    assert _run("chroot", str(root), "/bin/sh", "-c", script).strip() == "hi"

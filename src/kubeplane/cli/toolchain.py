@@ -11,7 +11,7 @@ import yaml
 
 import kubeplane
 from kubeplane.cli import progress
-from kubeplane.provision import checkpointer_image, steps, toolchain
+from kubeplane.provision import checkpointer_image, steps, toolchain, workload_images
 
 CACHE_OPTION = click.option(
     "--cache",
@@ -41,8 +41,16 @@ def group() -> None:
     help="Also build kubeplane's pod-checkpointer image (a Debian minbase rootfs with Python; about a "
     "minute cold) for self-hosted control planes.",
 )
+@click.option(
+    "--with-workloads",
+    is_flag=True,
+    help="Also build the workload images local clusters serve offline (busybox from Debian's "
+    "busybox-static; seconds, the .deb is kept in the cache).",
+)
 @CACHE_OPTION
-def build(versions: tuple[str, ...], with_checkpointer: bool, cache_dir: Path | None) -> None:
+def build(
+    versions: tuple[str, ...], with_checkpointer: bool, with_workloads: bool, cache_dir: Path | None
+) -> None:
     """Fetch Debian's kubernetes source, build binaries and images, and cache them by version."""
     tc = toolchain.Toolchain(cache_dir)
     versions = versions or (kubeplane.DEFAULT_KUBERNETES_VERSION,)
@@ -69,6 +77,15 @@ def build(versions: tuple[str, ...], with_checkpointer: bool, cache_dir: Path | 
         except (checkpointer_image.CheckpointerImageError, steps.StepError) as exc:
             raise click.ClickException(f"checkpointer image: {exc}") from exc
         click.echo(f"checkpointer image {image.ref} ready in {time.monotonic() - started:.1f}s", err=True)
+    if with_workloads:
+        started = time.monotonic()
+        try:
+            with progress.display() as shown:
+                busybox = workload_images.Builder(tc.cache_dir).ensure_busybox(progress=shown)
+        except (workload_images.WorkloadImageError, steps.StepError) as exc:
+            raise click.ClickException(f"workload images: {exc}") from exc
+        refs = ", ".join(busybox.refs)
+        click.echo(f"workload image {refs} ready in {time.monotonic() - started:.1f}s", err=True)
 
 
 @group.command("show")

@@ -36,7 +36,7 @@ from kubeplane import plan as plan_module
 from kubeplane.agent import owned
 from kubeplane.agent import services as agent_services
 from kubeplane.config import client as client_config
-from kubeplane.provision import checkpointer_image, hostproc, machine, netns
+from kubeplane.provision import checkpointer_image, hostproc, machine, netns, workload_images
 from kubeplane.provision import loadbalancer as lb
 from kubeplane.provision import registry as registry_mod
 from kubeplane.provision import state as state_mod
@@ -203,8 +203,8 @@ class Creation:
         network = cluster_plan.network
         directory = state_mod.cluster_dir(cluster_plan.name, root=self.state_root)
         seeded = "the images of every complete cached toolchain build"
-        if cluster_plan.request.self_hosted:
-            seeded += " and the pod-checkpointer image"
+        seeded += ", the pod-checkpointer image and" if cluster_plan.request.self_hosted else " and"
+        seeded += " the busybox workload image"
         steps = [
             _step(KIND_STATE, "cluster state", f"{directory} (metadata, secrets bundle)"),
             _step(
@@ -313,6 +313,13 @@ class Creation:
                 image = checkpointer_image.Builder().ensure(progress=self.progress)
                 pushed = registry.push(image.archive, image.ref)
                 out.write(f"{image.ref}: {'pushed' if pushed else 'already present'}\n")
+            # Workload images, so `kubectl run --image=busybox` pulls offline; they live in the
+            # same cache as the cluster's toolchain build.
+            workloads = workload_images.Builder(self.toolchain_paths.root.parent.parent)
+            busybox = workloads.ensure_busybox(progress=self.progress)
+            for ref in busybox.refs:
+                pushed = registry.push(busybox.archive, ref)
+                out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
 
     def _nodes(self, role: str) -> None:
         command = agent_command()
