@@ -33,6 +33,7 @@ MUTATIONS = {
     "etcd_leave",
     "etcd_forfeit_leadership",
     "image_pull",
+    "client_certificate",
 }
 
 
@@ -135,6 +136,18 @@ class FakeNode:
         self._record("service_list")
         return [{"id": "etcd", "state": "Running", "health": "OK"}]
 
+    async def events(
+        self, *, since_seconds: int | None, tail: int | None, follow: bool
+    ) -> AsyncIterator[dict[str, Any]]:
+        self._record("events")
+        yield {"id": 1, "timestamp": 0.0, "kind": "sequence", "subject": "boot", "message": "booted"}
+
+    async def certificates(self) -> list[dict[str, Any]]:
+        self._record("certificates")
+        return [
+            {"path": "/system/secrets/etcd/ca.crt", "subject": "etcd", "not_after": "2036-01-01T00:00:00"}
+        ]
+
     async def service_control(self, *, id: str, action: str) -> dict[str, Any]:
         self._record("service_control")
         return {"message": f"{action} {id}"}
@@ -173,6 +186,10 @@ class FakeNode:
     async def kubeconfig(self) -> dict[str, Any]:
         self._record("kubeconfig")
         return {"kubeconfig": "apiVersion: v1\n"}
+
+    async def client_certificate(self, *, csr: str, roles: str, lifetime_seconds: int) -> dict[str, Any]:
+        self._record("client_certificate")
+        return {"crt": "signed", "ca": "ca"}
 
     async def image_pull(self, *, image: str) -> dict[str, Any]:
         self._record("image_pull")
@@ -291,6 +308,11 @@ async def every_call(c: api.NodeClient) -> dict[str, Callable[[], Awaitable[Any]
         "ListDir": lambda: c.list_dir("."),
         "Logs": lambda: collect(c.logs("etcd", tail=2)),
         "ServiceList": c.service_list,
+        "Events": lambda: collect(c.events(tail=1)),
+        "Certificates": c.certificates,
+        "ClientCertificate": lambda: c.client_certificate(
+            b"csr", roles=["kubeplane:reader"], lifetime_seconds=60
+        ),
         "ServiceStart": lambda: c.service_start("etcd"),
         "ServiceStop": lambda: c.service_stop("etcd"),
         "ServiceRestart": lambda: c.service_restart("etcd"),
@@ -333,7 +355,7 @@ def test_admin_can_make_every_call(certs: PKI) -> None:
 
 
 def test_reader_reads_but_is_refused_secrets_config_and_changes(certs: PKI) -> None:
-    allowed = {"Version", "ListDir", "Logs", "ServiceList"}
+    allowed = {"Version", "ListDir", "Logs", "ServiceList", "Events", "Certificates"}
 
     async def scenario() -> None:
         async with nodes(certs, ["127.0.0.1"]) as (servers, backends):
