@@ -19,6 +19,7 @@ directories holding secrets). A symlink at the target is replaced, not followed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import stat
 from collections.abc import Iterator
@@ -108,3 +109,19 @@ def write_if_changed(path: Path, data: bytes | str, *, mode: int = SECRET_MODE) 
         return False
     write_atomic(path, content, mode=mode)
     return True
+
+
+@contextlib.contextmanager
+def directory_lock(directory: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``directory/.lock`` (created with the directory if missing).
+
+    One builder at a time per cache directory, across processes; the kernel drops the lock if the
+    holder dies, so a killed build never leaves the cache locked.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / ".lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

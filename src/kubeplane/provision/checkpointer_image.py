@@ -27,17 +27,15 @@ Errors: :class:`CheckpointerImageError` (no mirror, cache not built) and
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import stat
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 import kubeplane
+from kubeplane import fileio
 from kubeplane import plan as plan_module
 from kubeplane.provision import images as images_mod
 from kubeplane.provision import steps as steps_mod
@@ -156,7 +154,7 @@ class Builder:
 
     def ensure(self, *, progress: plan_module.Progress | None = None) -> CheckpointerImage:
         """Build whatever is missing or stale; returns the packed image."""
-        with self._lock():
+        with fileio.directory_lock(self.root):
             steps = steps_mod.Steps(self.cache_dir / "logs" / "checkpointer", progress, kind="image")
             with steps.step("checkpointer-verify", str(self.root)):
                 mirror = debian_mirror(self.apt_dir)
@@ -233,16 +231,6 @@ class Builder:
                 shutil.rmtree(target)
             staging.rename(target)
         return target
-
-    @contextmanager
-    def _lock(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with (self.root / ".lock").open("w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def strip_rootfs(rootfs: Path) -> int:

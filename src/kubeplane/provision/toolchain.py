@@ -37,7 +37,6 @@ Errors: :class:`ToolchainError` (bad version string, cache not built) and
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -45,8 +44,7 @@ import re
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -294,21 +292,11 @@ class Toolchain:
         """Build whatever of ``version`` is missing or corrupt; returns its paths when complete."""
         upstream = parse_version(version)
         paths = self.paths(version)
-        with self._lock():
+        with fileio.directory_lock(self.cache_dir):
             steps = steps_mod.Steps(self.cache_dir / "logs" / version, progress, kind="toolchain")
             run = _Build(self, steps=steps, paths=paths, upstream=upstream)
             run.execute()
         return paths
-
-    @contextmanager
-    def _lock(self) -> Iterator[None]:
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        with (self.cache_dir / ".lock").open("w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class _Build:

@@ -22,16 +22,14 @@ longer verifies. Errors: :class:`WorkloadImageError` (package unknown to apt) an
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
+from kubeplane import fileio
 from kubeplane import plan as plan_module
 from kubeplane.provision import images as images_mod
 from kubeplane.provision import steps as steps_mod
@@ -143,7 +141,7 @@ class Builder:
 
     def ensure_busybox(self, *, progress: plan_module.Progress | None = None) -> WorkloadImage:
         """Build the busybox image unless the cached one matches the apt candidate; returns it."""
-        with self._lock():
+        with fileio.directory_lock(self.root):
             steps = steps_mod.Steps(self.cache_dir / "logs" / "workloads", progress, kind="image")
             with steps.step("busybox-verify", str(self.root)):
                 version = candidate_version()
@@ -207,13 +205,3 @@ class Builder:
             if not deb.is_file():
                 raise WorkloadImageError(f"apt-get download left no {deb.name} in {debs}")
         return deb
-
-    @contextmanager
-    def _lock(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with (self.root / ".lock").open("w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
