@@ -398,7 +398,8 @@ class Node:
             assert old is not None  # booted nodes always have a config
             if mode == "no-reboot":
                 mode = "immediate"
-            trying = self._end_trial() if not dry_run else self._trial is not None
+            # A dry run changes nothing, a pending try included; any other apply ends the try.
+            trying = not dry_run and self._end_trial()
             allowed = config.allowed_modes(old, new)
             result: dict[str, Any] = {
                 "mode": mode,
@@ -408,7 +409,7 @@ class Node:
             }
             refusal = allowed.refusal("immediate" if mode == "try" else mode)  # type: ignore[arg-type]
             if refusal is not None:
-                if trying and not dry_run:
+                if trying:
                     self._publish_current(old)  # the refused apply still ends the trial
                 raise api.FailedPreconditionError(
                     refusal if mode != "try" else f"--mode try applies live, like --immediate: {refusal}"

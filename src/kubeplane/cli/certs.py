@@ -104,11 +104,12 @@ def certs(*, warn: str, fmt: output.Format) -> None:
     items += _client_config_certificates()
     items.sort(key=lambda item: (str(item["not_after"]), str(item["node"]), str(item["path"])))
     now = datetime.datetime.now(datetime.UTC)
+    rows = _rows(items, now, window)
     if fmt != "table":
         click.echo(output.documents(items, fmt), nl=False)
     else:
-        click.echo(output.table(HEADERS, _rows(items, now, window)), nl=False)
-    flagged = [row for row in _rows(items, now, window) if row[3]]
+        click.echo(output.table(HEADERS, rows), nl=False)
+    flagged = [row for row in rows if row[3]]
     if flagged:
         expired = sum(1 for row in flagged if row[3] == "EXPIRED")
         click.echo(
