@@ -11,7 +11,7 @@ import yaml
 
 import kubeplane
 from kubeplane.cli import progress
-from kubeplane.provision import checkpointer_image, steps, toolchain, workload_images
+from kubeplane.provision import checkpointer_image, dns_image, python_image, steps, toolchain, workload_images
 
 CACHE_OPTION = click.option(
     "--cache",
@@ -36,21 +36,15 @@ def group() -> None:
     "A suffix (v1.20.2-kp.1) builds a distinct build of the same source.",
 )
 @click.option(
-    "--with-checkpointer",
+    "--with-images",
     is_flag=True,
-    help="Also build kubeplane's pod-checkpointer image (a Debian minbase rootfs with Python; about a "
-    "minute cold) for self-hosted control planes.",
-)
-@click.option(
-    "--with-workloads",
-    is_flag=True,
-    help="Also build the workload images local clusters serve offline (busybox from Debian's "
-    "busybox-static; seconds, the .deb is kept in the cache).",
+    help="Also build the images kubeplane makes besides Kubernetes' own, which cluster create pushes: "
+    "the cluster DNS and pod-checkpointer images (one Debian minbase rootfs with Python, about a "
+    "minute cold), busybox (from Debian's busybox-static) and agnhost (from the Kubernetes source "
+    "tree; seconds after a Kubernetes build). Each is built once per machine and cached.",
 )
 @CACHE_OPTION
-def build(
-    versions: tuple[str, ...], with_checkpointer: bool, with_workloads: bool, cache_dir: Path | None
-) -> None:
+def build(versions: tuple[str, ...], with_images: bool, cache_dir: Path | None) -> None:
     """Fetch Debian's kubernetes source, build binaries and images, and cache them by version."""
     tc = toolchain.Toolchain(cache_dir)
     versions = versions or (kubeplane.DEFAULT_KUBERNETES_VERSION,)
@@ -69,23 +63,28 @@ def build(
         except (toolchain.ToolchainError, steps.StepError) as exc:
             raise click.ClickException(f"toolchain build {version}: {exc}") from exc
         click.echo(f"toolchain {version} ready in {time.monotonic() - started:.1f}s: {paths.root}", err=True)
-    if with_checkpointer:
+    if with_images:
+        _build_images(tc.cache_dir)
+
+
+def _build_images(cache_dir: Path) -> None:
+    """The Python images, then the workload images (agnhost needs the source tree a build left)."""
+    for builder in (dns_image.Builder(cache_dir), checkpointer_image.Builder(cache_dir)):
         started = time.monotonic()
         try:
             with progress.display() as shown:
-                image = checkpointer_image.Builder(tc.cache_dir).ensure(progress=shown)
-        except (checkpointer_image.CheckpointerImageError, steps.StepError) as exc:
-            raise click.ClickException(f"checkpointer image: {exc}") from exc
-        click.echo(f"checkpointer image {image.ref} ready in {time.monotonic() - started:.1f}s", err=True)
-    if with_workloads:
-        started = time.monotonic()
-        try:
-            with progress.display() as shown:
-                busybox = workload_images.Builder(tc.cache_dir).ensure_busybox(progress=shown)
-        except (workload_images.WorkloadImageError, steps.StepError) as exc:
-            raise click.ClickException(f"workload images: {exc}") from exc
-        refs = ", ".join(busybox.refs)
-        click.echo(f"workload image {refs} ready in {time.monotonic() - started:.1f}s", err=True)
+                image = builder.ensure(progress=shown)
+        except (python_image.PythonImageError, steps.StepError) as exc:
+            raise click.ClickException(f"image {builder.recipe.ref()}: {exc}") from exc
+        click.echo(f"image {image.ref} ready in {time.monotonic() - started:.1f}s", err=True)
+    started = time.monotonic()
+    try:
+        with progress.display() as shown:
+            workloads = workload_images.Builder(cache_dir).ensure(progress=shown)
+    except (workload_images.WorkloadImageError, steps.StepError) as exc:
+        raise click.ClickException(f"workload images: {exc}") from exc
+    refs = ", ".join(ref for image in workloads for ref in image.refs)
+    click.echo(f"workload images {refs} ready in {time.monotonic() - started:.1f}s", err=True)
 
 
 @group.command("show")

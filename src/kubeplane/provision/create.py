@@ -36,7 +36,15 @@ from kubeplane import plan as plan_module
 from kubeplane.agent import owned
 from kubeplane.agent import services as agent_services
 from kubeplane.config import client as client_config
-from kubeplane.provision import checkpointer_image, hostproc, machine, netns, workload_images
+from kubeplane.provision import (
+    checkpointer_image,
+    dns_image,
+    hostproc,
+    machine,
+    netns,
+    python_image,
+    workload_images,
+)
 from kubeplane.provision import loadbalancer as lb
 from kubeplane.provision import registry as registry_mod
 from kubeplane.provision import state as state_mod
@@ -202,9 +210,9 @@ class Creation:
         cluster_plan = self.cluster_plan
         network = cluster_plan.network
         directory = state_mod.cluster_dir(cluster_plan.name, root=self.state_root)
-        seeded = "the images of every complete cached toolchain build"
-        seeded += ", the pod-checkpointer image and" if cluster_plan.request.self_hosted else " and"
-        seeded += " the busybox workload image"
+        seeded = "the images of every complete cached toolchain build, the cluster DNS image"
+        seeded += ", the pod-checkpointer image" if cluster_plan.request.self_hosted else ""
+        seeded += " and the busybox and agnhost workload images"
         steps = [
             _step(KIND_STATE, "cluster state", f"{directory} (metadata, secrets bundle)"),
             _step(
@@ -309,17 +317,23 @@ class Creation:
                     ref = paths.image_ref(name)
                     pushed = registry.push(tar, ref)
                     out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
+            # kubeplane's own images and the workload images (`kubectl run --image=busybox`, an
+            # agnhost echo server pull offline) live in the same cache as the toolchain build;
+            # each is built here if the cache lacks it. Every cluster runs the DNS add-on's image.
+            cache = self.toolchain_paths.root.parent.parent
+            own: list[python_image.Builder] = [dns_image.Builder(cache)]
             if self.cluster_plan.request.self_hosted:
-                image = checkpointer_image.Builder().ensure(progress=self.progress)
-                pushed = registry.push(image.archive, image.ref)
-                out.write(f"{image.ref}: {'pushed' if pushed else 'already present'}\n")
-            # Workload images, so `kubectl run --image=busybox` pulls offline; they live in the
-            # same cache as the cluster's toolchain build.
-            workloads = workload_images.Builder(self.toolchain_paths.root.parent.parent)
-            busybox = workloads.ensure_busybox(progress=self.progress)
-            for ref in busybox.refs:
-                pushed = registry.push(busybox.archive, ref)
-                out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
+                own.append(checkpointer_image.Builder(cache))
+            pushes: list[tuple[Path, tuple[str, ...]]] = []
+            for builder in own:
+                image = builder.ensure(progress=self.progress)
+                pushes.append((image.archive, (image.ref,)))
+            for workload in workload_images.Builder(cache).ensure(progress=self.progress):
+                pushes.append((workload.archive, workload.refs))
+            for archive, refs in pushes:
+                for ref in refs:
+                    pushed = registry.push(archive, ref)
+                    out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
 
     def _nodes(self, role: str) -> None:
         command = agent_command()

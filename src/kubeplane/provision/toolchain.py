@@ -133,6 +133,14 @@ class ToolchainPaths:
         return {name: self.image_ref(name) for name in IMAGES}
 
 
+@dataclasses.dataclass(frozen=True)
+class SourceTree:
+    """The unpacked Kubernetes source tree and the Debian source version it was unpacked from."""
+
+    path: Path
+    source_package: str
+
+
 def image_ref(name: str, version: str) -> str:
     """Upstream reference of image ``name`` for Kubernetes ``version``."""
     return cache_layout.image_ref(name, version)
@@ -286,6 +294,23 @@ class Toolchain:
             )
         return paths
 
+    def source_tree(self) -> SourceTree:
+        """The unpacked tree of the fetched source package, which a build leaves in the cache.
+
+        Other builds from the same source (the workload images' ``agnhost``) use it without
+        fetching or unpacking anything; raises if no build has unpacked it yet.
+        """
+        debian_dir = self.cache_dir / "src" / "debian"
+        for dsc in sorted(debian_dir.glob(f"{SOURCE_PACKAGE}_*.dsc")):
+            orig = _orig_name(dsc)
+            tree = _unpacked_tree(self.cache_dir / "src", orig) if orig else None
+            if tree is not None:
+                return SourceTree(tree, _dsc_field(dsc, "Version"))
+        raise ToolchainError(
+            f"no unpacked Kubernetes source tree in {self.cache_dir / 'src'}; run `kubeplane toolchain "
+            "build` (or scripts/setup) first"
+        )
+
     # -- the pipeline ---------------------------------------------------------------------
 
     def ensure(self, version: str, *, progress: plan_module.Progress | None = None) -> ToolchainPaths:
@@ -400,18 +425,14 @@ class _Build:
         return dsc
 
     def _unpack(self, dsc: Path) -> Path:
-        orig = next(
-            (self.debian_dir / name for name in _dsc_files(dsc) if ".orig.tar." in name),
-            None,
-        )
-        if orig is None:
+        orig_name = _orig_name(dsc)
+        if orig_name is None:
             raise steps_mod.StepFailed(step="unpack", reason=f"{dsc} lists no .orig tarball", log=None)
-        marker_name = ".kubeplane-unpacked"
-        for existing in self.src_dir.glob("kubernetes-*"):
-            marker = existing / marker_name
-            if marker.is_file() and marker.read_text() == orig.name:
-                self.steps.cached("unpack", existing.name)
-                return existing
+        orig = self.debian_dir / orig_name
+        existing = _unpacked_tree(self.src_dir, orig_name)
+        if existing is not None:
+            self.steps.cached("unpack", existing.name)
+            return existing
         with self.steps.step("unpack", orig.name):
             with tarfile.open(orig) as archive:
                 top = archive.next()
@@ -427,7 +448,7 @@ class _Build:
                     (staging / name).rename(tree)
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
-            (tree / marker_name).write_text(orig.name)
+            (tree / _UNPACKED_MARKER).write_text(orig.name)
         return tree
 
     # -- build ----------------------------------------------------------------------------
@@ -534,6 +555,78 @@ def pause_source_version(tree: Path) -> str:
     match = re.search(r"^TAG\s*\??=\s*(\S+)", makefile.read_text(), re.MULTILINE)
     tag = match.group(1) if match else "unknown"
     return f"v{tag}-kubeplane"
+
+
+_UNPACKED_MARKER = ".kubeplane-unpacked"
+
+
+def _orig_name(dsc: Path) -> str | None:
+    """The upstream (orig) tarball a ``.dsc`` lists."""
+    return next((name for name in _dsc_files(dsc) if ".orig.tar." in name), None)
+
+
+def _unpacked_tree(src_dir: Path, orig_name: str) -> Path | None:
+    """The tree under ``src_dir`` whose marker says it was unpacked from ``orig_name``."""
+    for tree in sorted(src_dir.glob("kubernetes-*")):
+        marker = tree / _UNPACKED_MARKER
+        if marker.is_file() and marker.read_text() == orig_name:
+            return tree
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class GoBuild:
+    """A command to run: argv, environment and working directory."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+
+
+def go_build(tree: Path, package: str, output: Path, *, home: Path) -> GoBuild:
+    """The ``go build`` of ``package`` (a directory of ``tree``) into ``output``, offline.
+
+    The build is the one the tree's Makefile does (hack/lib/golang.sh): GOPATH mode in the tree's
+    ``_output/local/go`` (vendored dependencies, nothing downloaded), ``CGO_ENABLED=0`` and the
+    Makefile's compiler flags and Go build cache, so every package the Kubernetes build already
+    compiled is a cache hit and only the package's own code is compiled.
+    """
+    gopath = tree / "_output" / "local" / "go"
+    link = gopath / "src" / "k8s.io" / "kubernetes"
+    if not link.is_symlink():
+        # What the Makefile's kube::golang::create_gopath_tree makes; missing if make never ran.
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(tree)
+    env = steps_mod.env_with(
+        {
+            "PATH": f"{GO_BIN}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}",
+            "CGO_ENABLED": "0",
+            "GO111MODULE": "off",
+            "GOFLAGS": "",
+            "GOPATH": str(gopath),
+            "GOCACHE": str(gopath / "cache"),
+            "HOME": str(home),
+            # Go takes the working directory from $PWD when it names the same directory: the
+            # package is then inside GOPATH (through the link), where vendor/ applies.
+            "PWD": str(link),
+        }
+    )
+    argv = [
+        str(GO_BIN / "go"),
+        "build",
+        "-gcflags",
+        f"-trimpath={tree}",
+        "-asmflags",
+        f"-trimpath={tree}",
+        "-ldflags",
+        "-s -w -buildid=",
+        "-tags",
+        "selinux,notest",
+        "-o",
+        str(output),
+        f"./{package}",
+    ]
+    return GoBuild(argv, env, link)
 
 
 def _dsc_field(dsc: Path, field: str) -> str:

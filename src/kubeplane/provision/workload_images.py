@@ -1,8 +1,9 @@
-"""Workload images a local cluster serves offline: ``busybox`` from Debian's ``busybox-static``.
+"""Workload images a local cluster serves offline: ``busybox`` and Kubernetes' test image ``agnhost``.
 
 Pods of a local cluster pull through the cluster's registry, which holds only what
-``cluster create`` pushed; so ``kubectl run --image=busybox`` works without the network only if
-the toolchain built a busybox image. It is built here, cached under ``<cache>/workloads``:
+``cluster create`` pushed; so ``kubectl run --image=busybox`` (or an echo server from ``agnhost``)
+works without the network only if the toolchain built the image. Both are built here, cached
+under ``<cache>/workloads``, once per machine (not per Kubernetes version):
 
 1. ``busybox-deb``: ``apt-get download busybox-static`` (the candidate version of the machine's
    apt lists) into ``<cache>/workloads/debs/``. The .deb is kept, so a rebuild never downloads.
@@ -13,10 +14,25 @@ the toolchain built a busybox image. It is built here, cached under ``<cache>/wo
    ``:latest`` (what ``--image=busybox`` means); the archive carries the first, the registry
    gets both.
 
-The cache key is the package's Debian version plus :data:`RECIPE_VERSION`: a stamp records it
-with the archive's sha256, and the image is rebuilt only when the key changes or the archive no
-longer verifies. Errors: :class:`WorkloadImageError` (package unknown to apt) and
-:class:`kubeplane.provision.steps.StepFailed` (download, extraction or packing failed).
+3. ``agnhost-build``: ``go build`` of ``test/images/agnhost`` from the Kubernetes source tree the
+   toolchain unpacked (:meth:`kubeplane.provision.toolchain.Toolchain.source_tree`), offline, with
+   the flags and Go build cache of the tree's own Makefile build
+   (:func:`kubeplane.provision.toolchain.go_build`): seconds after a Kubernetes build, because
+   only agnhost's own packages are compiled, about two minutes on a cold Go cache.
+4. ``agnhost-image``: one layer like upstream's (Alpine-based) image: ``/agnhost``, ``/agnhost-2``
+   linking to it, porter's ``/localhost.crt`` and ``/localhost.key``, ``/uploads``; plus the
+   busybox layer's files, so ``kubectl exec -- sh`` and ``kubectl cp`` (``tar``) work. Entrypoint
+   ``/agnhost``, command ``pause``. Tagged ``k8s.gcr.io/e2e-test-images/agnhost:<VERSION file>``
+   and with the tag the tree's own e2e framework names (``test/utils/image/manifest.go``; 2.21 for
+   1.20.2); the archive carries the first.
+
+Each image has a stamp recording its cache key and its archive's sha256, and is rebuilt only when
+the key changes or the archive no longer verifies. busybox's key is the package's Debian version
+plus :data:`RECIPE_VERSION`; agnhost's is the source package the tree was unpacked from, the
+``VERSION`` file, the busybox version it carries and :data:`AGNHOST_RECIPE_VERSION`. Errors:
+:class:`WorkloadImageError` (package unknown to apt) and
+:class:`kubeplane.provision.steps.StepFailed` (no source tree, download, build, extraction or
+packing failed).
 """
 
 from __future__ import annotations
@@ -44,6 +60,14 @@ BUSYBOX_BINARY = "/bin/busybox"
 USERS = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n"
 GROUPS = "root:x:0:\nnobody:x:65534:\n"
 _STAMP_FORMAT = 1
+
+AGNHOST_PACKAGE = "test/images/agnhost"
+AGNHOST_REPOSITORY = "k8s.gcr.io/e2e-test-images/agnhost"
+#: Bump when agnhost's build or layer layout changes, so the cached image is rebuilt.
+AGNHOST_RECIPE_VERSION = 1
+#: Where the tree's e2e framework names the agnhost image it runs.
+E2E_MANIFEST = "test/utils/image/manifest.go"
+_E2E_AGNHOST = re.compile(r'configs\[Agnhost\]\s*=\s*Config\{[^,]+,\s*"agnhost",\s*"([^"]+)"\}')
 
 
 class WorkloadImageError(Exception):
@@ -124,6 +148,78 @@ def busybox_spec(deb_version: str, entries: list[images_mod.LayerEntry]) -> imag
     return images_mod.ImageSpec(ref=busybox_refs(deb_version)[0], entries=tuple(entries), cmd=("sh",))
 
 
+def parse_e2e_agnhost_tag(manifest_go: str) -> str | None:
+    """The agnhost tag in the e2e framework's image table (``configs[Agnhost] = Config{..., "2.21"}``)."""
+    match = _E2E_AGNHOST.search(manifest_go)
+    return match.group(1) if match else None
+
+
+def agnhost_refs(version: str, e2e_tag: str | None) -> tuple[str, ...]:
+    """agnhost's references: the ``VERSION`` file's tag, then the e2e framework's if it differs."""
+    tags = [version] + ([e2e_tag] if e2e_tag and e2e_tag != version else [])
+    return tuple(f"{AGNHOST_REPOSITORY}:{tag}" for tag in tags)
+
+
+def agnhost_key(source_package: str, version: str, busybox_version: str) -> str:
+    """Hash of every input that shapes the agnhost image."""
+    inputs = {
+        "source": source_package,
+        "agnhost": version,
+        "busybox": busybox_version,
+        "recipe": AGNHOST_RECIPE_VERSION,
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def agnhost_entries(
+    binary: Path, porter_dir: Path, busybox: list[images_mod.LayerEntry]
+) -> list[images_mod.LayerEntry]:
+    """The layer: upstream's files (``/agnhost``, ``/agnhost-2``, porter's key pair, ``/uploads``)
+    over ``busybox``'s (a shell, ``tar`` and the other applets, users, ``/tmp``)."""
+    return [
+        *busybox,
+        images_mod.LayerEntry("/agnhost", "file", 0o755, source=binary),
+        # The entrypoint-tester e2e tests override the entrypoint with this second name.
+        images_mod.LayerEntry("/agnhost-2", "symlink", 0o777, target="agnhost"),
+        images_mod.LayerEntry("/localhost.crt", "file", 0o644, source=porter_dir / "localhost.crt"),
+        images_mod.LayerEntry("/localhost.key", "file", 0o644, source=porter_dir / "localhost.key"),
+        images_mod.LayerEntry("/uploads", "dir", 0o755),
+    ]
+
+
+def agnhost_spec(refs: tuple[str, ...], entries: list[images_mod.LayerEntry]) -> images_mod.ImageSpec:
+    """The agnhost image: entrypoint ``/agnhost``, default command ``pause`` like upstream's."""
+    return images_mod.ImageSpec(ref=refs[0], entries=tuple(entries), entrypoint=("/agnhost",), cmd=("pause",))
+
+
+def _stamp_info(refs: tuple[str, ...], key: str, archive: Path, image_id: str) -> dict[str, object]:
+    return {
+        "format": _STAMP_FORMAT,
+        "refs": list(refs),
+        "key": key,
+        "sha256": toolchain.sha256_file(archive),
+        "size": archive.stat().st_size,
+        "image_id": image_id,
+    }
+
+
+def _verified(stamp: Path, archive: Path, key: str, refs: tuple[str, ...]) -> WorkloadImage | None:
+    """The cached image if ``stamp`` names ``key`` and ``refs`` and ``archive`` still verifies."""
+    try:
+        info = json.loads(stamp.read_text())
+        if (
+            info.get("format") == _STAMP_FORMAT
+            and info.get("key") == key
+            and info.get("refs") == list(refs)
+            and archive.stat().st_size == info.get("size")
+            and toolchain.sha256_file(archive) == info.get("sha256")
+        ):
+            return WorkloadImage(refs, archive, int(info["size"]))
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
 class Builder:
     """Builds (or finds cached) the workload images under ``<cache>/workloads``."""
 
@@ -139,58 +235,97 @@ class Builder:
     def stamp(self) -> Path:
         return self.root / "busybox-stamp.json"
 
+    @property
+    def agnhost_archive(self) -> Path:
+        return self.root / "images" / "agnhost.tar"
+
+    @property
+    def agnhost_stamp(self) -> Path:
+        return self.root / "agnhost-stamp.json"
+
+    def _steps(self, progress: plan_module.Progress | None) -> steps_mod.Steps:
+        return steps_mod.Steps(self.cache_dir / "logs" / "workloads", progress, kind="image")
+
+    def ensure(self, *, progress: plan_module.Progress | None = None) -> tuple[WorkloadImage, ...]:
+        """Every workload image (busybox, agnhost), each built unless cached."""
+        return (self.ensure_busybox(progress=progress), self.ensure_agnhost(progress=progress))
+
     def ensure_busybox(self, *, progress: plan_module.Progress | None = None) -> WorkloadImage:
         """Build the busybox image unless the cached one matches the apt candidate; returns it."""
         with fileio.directory_lock(self.root):
-            steps = steps_mod.Steps(self.cache_dir / "logs" / "workloads", progress, kind="image")
+            steps = self._steps(progress)
             with steps.step("busybox-verify", str(self.root)):
                 version = candidate_version()
-                image = self._verified(version)
+                refs = busybox_refs(version)
+                image = _verified(self.stamp, self.archive, cache_key(version), refs)
             if image is not None:
                 steps.cached("busybox-image", image.refs[0])
                 return image
             deb = self._deb(steps, version)
-            with steps.step("busybox-image", busybox_refs(version)[0]) as log:
+            with steps.step("busybox-image", refs[0]) as log:
                 with tempfile.TemporaryDirectory(dir=self.root, prefix=".busybox.") as scratch:
-                    tree = Path(scratch)
-                    steps.run(["dpkg-deb", "-x", str(deb), str(tree)])
-                    binary = tree / "bin" / "busybox"
-                    applets = parse_applets(steps.run([str(binary), "--list-full"], capture=True))
-                    (tree / "passwd").write_text(USERS)
-                    (tree / "group").write_text(GROUPS)
-                    spec = busybox_spec(version, busybox_entries(binary, applets, tree))
+                    entries = self._busybox_entries(steps, deb, Path(scratch))
+                    spec = busybox_spec(version, entries)
                     image_id = images_mod.write_docker_archive(spec, self.archive)
-                size = self.archive.stat().st_size
-                info: dict[str, object] = {
-                    "format": _STAMP_FORMAT,
-                    "refs": list(busybox_refs(version)),
-                    "key": cache_key(version),
-                    "deb_version": version,
-                    "sha256": toolchain.sha256_file(self.archive),
-                    "size": size,
-                    "image_id": image_id,
-                }
+                info = _stamp_info(refs, cache_key(version), self.archive, image_id)
+                info["deb_version"] = version
                 toolchain.write_public(self.stamp, (json.dumps(info, indent=2) + "\n").encode())
                 with log.open("a") as handle:
-                    handle.write(
-                        f"packed {spec.ref} ({len(applets)} applets, {size} bytes) -> {self.archive}\n"
-                    )
-            return WorkloadImage(busybox_refs(version), self.archive, size)
+                    handle.write(f"packed {spec.ref} ({info['size']} bytes) -> {self.archive}\n")
+            return WorkloadImage(refs, self.archive, self.archive.stat().st_size)
 
-    def _verified(self, deb_version: str) -> WorkloadImage | None:
-        """The cached image if its stamp names ``deb_version``'s key and the archive verifies."""
-        try:
-            info = json.loads(self.stamp.read_text())
-            if (
-                info.get("format") == _STAMP_FORMAT
-                and info.get("key") == cache_key(deb_version)
-                and self.archive.stat().st_size == info.get("size")
-                and toolchain.sha256_file(self.archive) == info.get("sha256")
-            ):
-                return WorkloadImage(busybox_refs(deb_version), self.archive, int(info["size"]))
-        except (OSError, ValueError, AttributeError):
-            pass
-        return None
+    def ensure_agnhost(self, *, progress: plan_module.Progress | None = None) -> WorkloadImage:
+        """Build the agnhost image unless the cached one matches the source tree and busybox; returns it.
+
+        Needs the Kubernetes source tree a toolchain build left in the cache (any version: the
+        image is built once per machine and source package).
+        """
+        with fileio.directory_lock(self.root):
+            steps = self._steps(progress)
+            with steps.step("agnhost-verify", str(self.root)):
+                tree = toolchain.Toolchain(self.cache_dir).source_tree()
+                source = tree.path / AGNHOST_PACKAGE
+                version = (source / "VERSION").read_text().strip()
+                e2e_tag = parse_e2e_agnhost_tag((tree.path / E2E_MANIFEST).read_text())
+                refs = agnhost_refs(version, e2e_tag)
+                busybox_version = candidate_version()
+                key = agnhost_key(tree.source_package, version, busybox_version)
+                image = _verified(self.agnhost_stamp, self.agnhost_archive, key, refs)
+            if image is not None:
+                steps.cached("agnhost-image", ", ".join(image.refs))
+                return image
+            deb = self._deb(steps, busybox_version)
+            with tempfile.TemporaryDirectory(dir=self.root, prefix=".agnhost.") as scratch:
+                binary = Path(scratch) / "agnhost"
+                detail = f"go build {AGNHOST_PACKAGE} {version} from {tree.path.name} (seconds after a "
+                detail += "Kubernetes build, about 2 minutes on a cold Go cache)"
+                with steps.step("agnhost-build", detail):
+                    home = self.cache_dir / "home"
+                    home.mkdir(parents=True, exist_ok=True)
+                    build = toolchain.go_build(tree.path, AGNHOST_PACKAGE, binary, home=home)
+                    # The toolchain's lock: no Kubernetes build rewrites the tree meanwhile.
+                    with fileio.directory_lock(self.cache_dir):
+                        steps.run(build.argv, cwd=build.cwd, env=build.env)
+                with steps.step("agnhost-image", ", ".join(refs)) as log:
+                    busybox = self._busybox_entries(steps, deb, Path(scratch) / "busybox")
+                    spec = agnhost_spec(refs, agnhost_entries(binary, source / "porter", busybox))
+                    image_id = images_mod.write_docker_archive(spec, self.agnhost_archive)
+                    info = _stamp_info(refs, key, self.agnhost_archive, image_id)
+                    info["source_package"] = tree.source_package
+                    toolchain.write_public(self.agnhost_stamp, (json.dumps(info, indent=2) + "\n").encode())
+                    with log.open("a") as handle:
+                        handle.write(f"packed {spec.ref} ({info['size']} bytes) -> {self.agnhost_archive}\n")
+            return WorkloadImage(refs, self.agnhost_archive, self.agnhost_archive.stat().st_size)
+
+    def _busybox_entries(self, steps: steps_mod.Steps, deb: Path, tree: Path) -> list[images_mod.LayerEntry]:
+        """Unpack ``deb`` into ``tree`` (inside the current step) and return busybox's layer entries."""
+        tree.mkdir(parents=True, exist_ok=True)
+        steps.run(["dpkg-deb", "-x", str(deb), str(tree)])
+        binary = tree / "bin" / "busybox"
+        applets = parse_applets(steps.run([str(binary), "--list-full"], capture=True))
+        (tree / "passwd").write_text(USERS)
+        (tree / "group").write_text(GROUPS)
+        return busybox_entries(binary, applets, tree)
 
     def _deb(self, steps: steps_mod.Steps, deb_version: str) -> Path:
         """The kept .deb of ``deb_version``, downloaded once."""

@@ -12,7 +12,7 @@ import pytest
 import kubeplane
 from kubeplane.checkpointer import logic
 from kubeplane.checkpointer.store import CheckpointStore
-from kubeplane.provision import checkpointer_image
+from kubeplane.provision import checkpointer_image, python_image
 
 pytestmark = pytest.mark.unit
 
@@ -116,56 +116,31 @@ def test_kubeplane_init_is_importable_without_dependencies() -> None:
 # -- image recipe ---------------------------------------------------------------------------------
 
 
-def test_mirror_comes_from_the_apt_sources(tmp_path: Path) -> None:
-    (tmp_path / "sources.list.d").mkdir()
-    (tmp_path / "sources.list.d/debian.sources").write_text(
-        "Types: deb\nURIs: http://security.example/debian-security\nSuites: bookworm-security\n"
-        "Components: main\n\nTypes: deb\nURIs: http://mirror.example/debian\n"
-        "Suites: bookworm bookworm-updates\nComponents: main\n"
-    )
-    assert checkpointer_image.debian_mirror(tmp_path) == "http://mirror.example/debian"
-
-
-def test_no_bookworm_mirror_is_a_clear_error(tmp_path: Path) -> None:
-    (tmp_path / "sources.list").write_text("deb http://old.example/debian bullseye main\n")
-    with pytest.raises(checkpointer_image.CheckpointerImageError, match="bookworm mirror"):
-        checkpointer_image.debian_mirror(tmp_path)
-
-
-def test_rootfs_key_depends_on_the_mirror() -> None:
-    assert checkpointer_image.rootfs_key("http://a/") != checkpointer_image.rootfs_key("http://b/")
-    assert checkpointer_image.rootfs_key("http://a/") == checkpointer_image.rootfs_key("http://a/")
-
-
-def test_strip_keeps_copyright_and_python(tmp_path: Path) -> None:
-    for rel in (
-        "usr/share/doc/python3/copyright",
-        "usr/share/doc/python3/changelog.gz",
-        "usr/share/man/man1/python3.1.gz",
-        "var/lib/apt/lists/deb.debian.org_InRelease",
-        "usr/lib/python3.11/os.py",
-    ):
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text("x" * 10)
-    assert checkpointer_image.strip_rootfs(tmp_path) == 30
-    assert (tmp_path / "usr/share/doc/python3/copyright").exists()
-    assert (tmp_path / "usr/lib/python3.11/os.py").exists()
-    assert not (tmp_path / "usr/share/man/man1").exists()
-    assert not (tmp_path / "var/lib/apt/lists/deb.debian.org_InRelease").exists()
-
-
 def test_image_spec_holds_rootfs_links_and_sources(tmp_path: Path) -> None:
     rootfs = tmp_path / "rootfs"
     (rootfs / "usr/bin").mkdir(parents=True)
     (rootfs / "usr/bin/python3.11").write_text("elf")
     (rootfs / "usr/bin/python3").symlink_to("python3.11")
     (rootfs / "bin").symlink_to("usr/bin")
-    spec = checkpointer_image.image_spec(rootfs, checkpointer_image.source_files())
+    recipe = checkpointer_image.RECIPE
+    spec = python_image.image_spec(recipe, rootfs, python_image.closure_files(recipe.package))
     by_path = {entry.path: entry for entry in spec.entries}
     assert by_path["/bin"].kind == "symlink" and by_path["/bin"].target == "usr/bin"
     assert by_path["/usr/bin/python3"].target == "python3.11"
-    main_py = str(PurePosixPath(checkpointer_image.PYTHON_PATH) / "kubeplane/checkpointer/__main__.py")
+    main_py = str(PurePosixPath(python_image.PYTHON_PATH) / "kubeplane/checkpointer/__main__.py")
     assert by_path[main_py].kind == "file"
-    assert str(checkpointer_image.PYTHON_PATH / "kubeplane/__init__.py") in by_path
+    assert str(python_image.PYTHON_PATH / "kubeplane/__init__.py") in by_path
     assert spec.ref == f"kubeplane/pod-checkpointer:{kubeplane.__version__}"
+    assert spec.ref == checkpointer_image.image_ref()
     assert spec.entrypoint == ("/usr/bin/python3", "-m", "kubeplane.checkpointer")
+    assert "PYTHONDONTWRITEBYTECODE=1" in spec.env
+
+
+def test_the_image_carries_the_checkpointer_package_and_kubeplane_init_only() -> None:
+    # What the image held before the builder was shared: kubeplane/__init__.py and every module of
+    # kubeplane/checkpointer (it imports nothing else of kubeplane).
+    package = Path(kubeplane.__file__).parent
+    expected = {python_image.PYTHON_PATH / "kubeplane/__init__.py": package / "__init__.py"}
+    for path in sorted((package / "checkpointer").glob("*.py")):
+        expected[python_image.PYTHON_PATH / "kubeplane/checkpointer" / path.name] = path
+    assert python_image.closure_files(checkpointer_image.RECIPE.package) == expected
