@@ -22,8 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+import kubeplane
 from kubeplane import pki
-from kubeplane.provision import hostproc, images, netns, registry, state, workload_images
+from kubeplane.provision import dns_image, hostproc, images, netns, registry, state, workload_images
 from kubeplane.provision import loadbalancer as lb
 
 pytestmark = pytest.mark.integration
@@ -309,6 +310,33 @@ def test_busybox_workload_image_is_served_under_both_tags(cluster: Cluster) -> N
     assert sorted(reg.tags("library/busybox")) == sorted([version, "latest"])
     digests = {reg.config_digest("library/busybox", tag) for tag in (version, "latest")}
     assert digests == {registry.archive_config_digest(image.archive)}
+
+    records = cluster.records()
+    teardown(cluster.state)
+    assert_nothing_left(cluster, records)
+
+
+def test_agnhost_under_both_tags_and_the_dns_image_are_served(cluster: Cluster) -> None:
+    """The rest of what cluster create pushes to every local cluster: agnhost (its VERSION tag and
+    the one the e2e framework names) and the cluster DNS add-on's image."""
+    create_network(cluster)
+    agnhost = workload_images.Builder().ensure_agnhost()
+    dns = dns_image.Builder().ensure()
+    reg = registry.Registry(cluster.state.directory / "registry", address=cluster.plan.host_ip)
+    cluster.state.dirs["registry"] = str(reg.directory)
+    cluster.state.processes["registry"] = reg.start()
+    cluster.state.save()
+
+    assert [reg.push(agnhost.archive, ref) for ref in agnhost.refs] == [True, True]
+    assert reg.push(dns.archive, dns.ref) is True
+    assert sorted(reg.catalog()) == ["e2e-test-images/agnhost", "kubeplane/cluster-dns"]
+    assert sorted(reg.tags("e2e-test-images/agnhost")) == ["2.21", "2.25"]
+    digests = {reg.config_digest("e2e-test-images/agnhost", tag) for tag in ("2.21", "2.25")}
+    assert digests == {registry.archive_config_digest(agnhost.archive)}
+    assert reg.tags("kubeplane/cluster-dns") == [kubeplane.__version__]
+    assert reg.config_digest("kubeplane/cluster-dns", kubeplane.__version__) == (
+        registry.archive_config_digest(dns.archive)
+    )
 
     records = cluster.records()
     teardown(cluster.state)
