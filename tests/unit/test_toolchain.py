@@ -325,3 +325,38 @@ def test_cli_rejects_a_bad_version_before_building_anything(tmp_path: Path) -> N
     assert result.exit_code == 1
     assert "--version: invalid Kubernetes version '1.20'" in result.output
     assert not (tmp_path / "c").exists()
+
+
+def test_source_tree_is_the_one_a_build_unpacked(cache: Path, tmp_path: Path, make_runs: Path) -> None:
+    tc = _toolchain(cache, tmp_path)
+    with pytest.raises(toolchain.ToolchainError, match="no unpacked Kubernetes source tree"):
+        tc.source_tree()
+    tc.ensure("v1.20.2")
+    tree = tc.source_tree()
+    assert tree == toolchain.SourceTree(cache / "src" / "kubernetes-1.20.2", SOURCE_VERSION)
+    assert (tree.path / "build" / "pause" / "linux" / "pause.c").is_file()
+
+
+def test_go_build_is_the_makefiles_build_in_gopath_mode(tmp_path: Path) -> None:
+    tree = tmp_path / "kubernetes-1.20.2"
+    tree.mkdir()
+    build = toolchain.go_build(tree, "test/images/agnhost", tmp_path / "out" / "agnhost", home=tmp_path)
+    gopath = tree / "_output" / "local" / "go"
+    # Inside GOPATH through the link the Makefile makes, so vendor/ applies and nothing is fetched.
+    assert build.cwd == gopath / "src" / "k8s.io" / "kubernetes" and build.cwd.resolve() == tree
+    assert build.env["PWD"] == str(build.cwd)
+    assert build.env["GO111MODULE"] == "off" and build.env["CGO_ENABLED"] == "0"
+    assert build.env["GOPATH"] == str(gopath) and build.env["GOCACHE"] == str(gopath / "cache")
+    assert build.argv[0] == str(toolchain.GO_BIN / "go") and build.argv[1] == "build"
+    # hack/lib/golang.sh's flags: the Kubernetes build's compiled packages are cache hits.
+    flags = dict(zip(build.argv[2:-1:2], build.argv[3:-1:2], strict=True))
+    assert flags == {
+        "-gcflags": f"-trimpath={tree}",
+        "-asmflags": f"-trimpath={tree}",
+        "-ldflags": "-s -w -buildid=",
+        "-tags": "selinux,notest",
+        "-o": str(tmp_path / "out" / "agnhost"),
+    }
+    assert build.argv[-1] == "./test/images/agnhost"
+    # An existing link (make's) is kept.
+    assert toolchain.go_build(tree, "x", tmp_path / "y", home=tmp_path).cwd == build.cwd

@@ -8,6 +8,8 @@ them). Both take the paths from here::
       kubernetes/<version>/bin/<name>          binaries
       kubernetes/<version>/images/<name>.tar   docker-archive images
       kubernetes/<version>/stamp.json          what was built, with checksums
+      python-images/, workloads/               kubeplane's own images, built once per machine
+                                               (kubeplane.provision.python_image, .workload_images)
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ the agent reads too are spelled once, in :mod:`kubeplane.config.toolchain_cache`
     kubernetes/<version>/stamp.json          version, source package, sha256 + size per artifact
     logs/<version>/<step>.log                one log per step
     src/debian/                              the Debian source package files
-    src/kubernetes-<upstream>/               the unpacked tree (shared by all version strings)
+    src/kubernetes-<upstream>/               the unpacked tree (shared by all version strings, and
+                                             by the agnhost build: :meth:`Toolchain.source_tree`)
     go/, home/                               GOPATH, Go build cache and HOME of the build
 
 An artifact is trusted only if the stamp records it and its size and sha256 still match, so a
