@@ -18,7 +18,7 @@ under ``<cache>/workloads``, once per machine (not per Kubernetes version):
    toolchain unpacked (:meth:`kubeplane.provision.toolchain.Toolchain.source_tree`), offline, with
    the flags and Go build cache of the tree's own Makefile build
    (:func:`kubeplane.provision.toolchain.go_build`): seconds after a Kubernetes build, because
-   only agnhost's own packages are compiled, about two minutes on a cold Go cache.
+   only agnhost's own packages are compiled; about 1.5 minutes on a cold Go cache.
 4. ``agnhost-image``: one layer like upstream's (Alpine-based) image: ``/agnhost``, ``/agnhost-2``
    linking to it, porter's ``/localhost.crt`` and ``/localhost.key``, ``/uploads``; plus the
    busybox layer's files, so ``kubectl exec -- sh`` and ``kubectl cp`` (``tar``) work. Entrypoint
@@ -298,7 +298,7 @@ class Builder:
             with tempfile.TemporaryDirectory(dir=self.root, prefix=".agnhost.") as scratch:
                 binary = Path(scratch) / "agnhost"
                 detail = f"go build {AGNHOST_PACKAGE} {version} from {tree.path.name} (seconds after a "
-                detail += "Kubernetes build, about 2 minutes on a cold Go cache)"
+                detail += "Kubernetes build, about 1.5 minutes on a cold Go cache)"
                 with steps.step("agnhost-build", detail):
                     home = self.cache_dir / "home"
                     home.mkdir(parents=True, exist_ok=True)
