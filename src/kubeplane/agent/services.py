@@ -47,7 +47,7 @@ from kubeplane.clients import kube
 from kubeplane.config import toolchain_cache
 from kubeplane.config.paths import NodePaths
 from kubeplane.resources import catalog
-from kubeplane.services import cni, containerd, kubelet, process, supervisor
+from kubeplane.services import containerd, kubelet, process, supervisor
 
 log = logging.getLogger("kubeplaned.services")
 
@@ -460,6 +460,18 @@ class NodeServices:
     def kubelet_ca(self) -> Path:
         return self.paths.kubernetes_etc / "kubelet-ca.crt"
 
+    @property
+    def kubelet_resolv_conf(self) -> Path:
+        return self.paths.kubernetes_etc / "resolv.conf"
+
+    def nameservers(self) -> list[str] | None:
+        """``machine.network.nameservers``; None when unset (pods with ``dnsPolicy: Default``, such
+        as the cluster DNS forwarding upstream, then get the machine's own /etc/resolv.conf)."""
+        network = self.document.model.machine.network
+        if network is None or network.nameservers is None:
+            return None
+        return [str(address) for address in network.nameservers]
+
     def kubelet_args(self) -> list[str]:
         model = self.document.model
         cluster = model.cluster
@@ -473,6 +485,8 @@ class NodeServices:
             "cni-conf-dir": str(self.paths.cni_conf),
             "cni-bin-dir": containerd.DEFAULT_CNI_BIN_DIR,
         }
+        if self.nameservers() is not None:
+            extra["resolv-conf"] = str(self.kubelet_resolv_conf)
         if self.control_plane and not cluster.allow_scheduling_on_masters:
             extra["register-with-taints"] = MASTER_TAINT
         machine_kubelet = model.machine.kubelet
@@ -513,14 +527,22 @@ class NodeServices:
             await self.image_loader(self.paths.containerd_socket, versions)
 
     def _kubelet_files(self, ca: bytes) -> None:
-        """The kubelet's directories, cgroup root, CA, bootstrap kubeconfig and CNI config (blocking
-        I/O: run in a thread)."""
+        """The kubelet's directories, cgroup root, CA and bootstrap kubeconfig (blocking I/O: run in
+        a thread). The CNI config comes from the CNI: the host-gw controller writes it once the
+        node has a pod CIDR, flannel's DaemonSet writes its own."""
         cluster = self.document.model.cluster
         paths = kubelet.KubeletPaths.under(self.paths.root)
         for directory in (paths.root_dir, paths.cert_dir, paths.pod_manifest_path, self.paths.cni_conf):
             directory.mkdir(parents=True, exist_ok=True)
         owned.make_cgroup(self.cgroup_root)
         _write_secret(self.kubelet_ca, ca)
+        nameservers = self.nameservers()
+        if nameservers is not None:
+            # The resolv.conf the kubelet gives pods with dnsPolicy Default (the cluster DNS reads
+            # its upstreams there). An empty list means no upstream: the cluster DNS answers only
+            # for the cluster, at once, instead of timing out on an unreachable resolver.
+            text = "".join(f"nameserver {address}\n" for address in nameservers)
+            fileio.write_if_changed(self.kubelet_resolv_conf, text, mode=0o644)
         _write_secret(
             paths.bootstrap_kubeconfig,
             bootstrap_kubeconfig(
@@ -530,8 +552,6 @@ class NodeServices:
                 cluster_name=cluster.cluster_name or "kubernetes",
             ).encode(),
         )
-        pod_cidr = cni.node_pod_cidr(cluster.pod_subnets[0], self.node_ip)
-        (self.paths.cni_conf / cni.CONFLIST_NAME).write_text(cni.render_conflist(pod_cidr=pod_cidr))
 
     def mirrors(self) -> dict[str, list[str]]:
         """Registry mirror endpoints by registry host (``*`` for every registry)."""

@@ -44,6 +44,7 @@ import dataclasses
 import json
 import ssl
 from collections.abc import AsyncGenerator, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
@@ -402,6 +403,40 @@ def _tls_error(verb: str, path: str, exc: BaseException) -> errors.KubeForbidden
         verb=verb,
         path=path,
     )
+
+
+#: Kubeconfig fields that name a file, and the field that holds the same content inline.
+_FILE_FIELDS = (
+    ("clusters", "cluster", "certificate-authority", "certificate-authority-data"),
+    ("users", "user", "client-certificate", "client-certificate-data"),
+    ("users", "user", "client-key", "client-key-data"),
+)
+
+
+def inline_files(text: str | bytes) -> str:
+    """``text`` with every file a kubeconfig refers to (a CA, a client certificate or key, as the
+    kubelet writes them) read in as the matching ``-data`` field, so :class:`KubeClient` can use
+    it. Blocking (reads files); an unreadable file raises :class:`~kubeplane.clients.errors.KubeconfigError`.
+    Files are re-read on every call: the kubelet rotates its client certificate in place.
+    """
+    text = text.decode() if isinstance(text, bytes) else text
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise errors.KubeconfigError(f"the kubeconfig is not YAML: {exc}") from exc
+    if not isinstance(document, dict):
+        raise errors.KubeconfigError("the kubeconfig is not a mapping")
+    for section, field, path_key, data_key in _FILE_FIELDS:
+        for item in document.get(section) or ():
+            entry = item.get(field) if isinstance(item, dict) else None
+            if not isinstance(entry, dict) or not entry.get(path_key) or entry.get(data_key):
+                continue
+            try:
+                content = Path(str(entry.pop(path_key))).read_bytes()
+            except OSError as exc:
+                raise errors.KubeconfigError(f"the kubeconfig's {path_key} cannot be read: {exc}") from exc
+            entry[data_key] = base64.b64encode(content).decode()
+    return str(yaml.safe_dump(document))
 
 
 @dataclasses.dataclass(frozen=True)

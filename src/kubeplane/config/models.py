@@ -347,7 +347,7 @@ class ControlPlane(Model):
 
 
 class CNI(Model):
-    name: Literal["flannel", "custom", "none"]
+    name: Literal["flannel", "custom", "host-gw", "none"]
     urls: list[URL] | None = None
 
 

@@ -20,6 +20,7 @@ ManifestStatuses                controlplane  ``manifestsApplied`` ids, ``errors
 BootstrapStatuses               runtime       ``selfHostedControlPlane``
 Services (etcd, kubelet)        runtime       ``running``, ``healthy``, ``unknown``
 NodeAddresses (current)         network       ``hostname``, ``addresses`` (published by the agent)
+PodNetworkStatuses (current)    network       ``podCidr``, ``routes``, ``skipped``, ``error`` (host-gw)
 ==============================  ============  ================================================
 
 Sensitivity. A type is ``sensitive`` (only the admin role may get, list or watch it) when any of
@@ -35,7 +36,8 @@ readable when none of its resources can carry a secret:
 - readable: MachineTypes, SecretStatuses (a readiness flag and a version, no secret),
   StaticPods (pods reference their secrets by file path only), StaticPodStatuses,
   ManifestStatuses (manifest ids and apply errors, which name objects), BootstrapStatuses,
-  Services, NodeAddresses, and the ``meta`` types (definitions and namespaces).
+  Services, NodeAddresses, PodNetworkStatuses (CIDRs, node names and addresses), and the
+  ``meta`` types (definitions and namespaces).
 
 Readers have no need for the sensitive types: ManifestStatuses tell which manifests were applied,
 StaticPods show what each component runs.
@@ -81,6 +83,7 @@ KUBERNETES_SECRETS = "KubernetesSecrets.secrets.kubeplane.dev"
 ETCD_SECRETS = "EtcdSecrets.secrets.kubeplane.dev"
 SERVICES = "Services.runtime.kubeplane.dev"
 NODE_ADDRESSES = "NodeAddresses.network.kubeplane.dev"
+POD_NETWORK_STATUSES = "PodNetworkStatuses.network.kubeplane.dev"
 
 #: Well-known ids.
 MACHINE_CONFIG_ID = "v1alpha1"
@@ -183,6 +186,22 @@ class NodeAddressesSpec(Spec):
     addresses: Sequence[str] = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class PodNetworkStatusSpec(Spec):
+    """The host-gw pod network of the node: its pod CIDR, its routes to other nodes' pods
+    (``cidr``, ``via``, ``node``), the nodes it cannot route to with the reason, the last error."""
+
+    pod_cidr: str = ""
+    routes: Sequence[Mapping[str, str]] = ()
+    skipped: Sequence[Mapping[str, str]] = ()
+    error: str = ""
+
+
+def _route_count(resource: Resource) -> str:
+    spec = resource.spec
+    return str(len(spec.routes)) if isinstance(spec, PodNetworkStatusSpec) else ""
+
+
 def _pod_ready(resource: Resource) -> str:
     spec = resource.spec
     if not isinstance(spec, StaticPodStatusSpec):
@@ -204,7 +223,7 @@ NAMESPACE_LIST = (
     Namespace(CONFIG_NAMESPACE, "Machine configuration and what is derived from it"),
     Namespace(CONTROLPLANE_NAMESPACE, "Control plane static pods, manifests and their status"),
     Namespace(EXTRAS_NAMESPACE, "Extra manifests downloaded from URLs or given inline"),
-    Namespace(NETWORK_NAMESPACE, "Node name and addresses"),
+    Namespace(NETWORK_NAMESPACE, "Node name and addresses, pod network"),
     Namespace(RUNTIME_NAMESPACE, "Services and bootstrap state of the node"),
     Namespace(SECRETS_NAMESPACE, "Secret material: CAs, certificates, keys, tokens"),
 )
@@ -313,6 +332,17 @@ DEFINITIONS = (
         default_namespace=NETWORK_NAMESPACE,
         spec_type=NodeAddressesSpec,
         print_columns=(PrintColumn("ADDRESSES", json_path="addresses"),),
+    ),
+    ResourceDefinition(
+        type=POD_NETWORK_STATUSES,
+        display_type="PodNetworkStatus",
+        default_namespace=NETWORK_NAMESPACE,
+        spec_type=PodNetworkStatusSpec,
+        aliases=("podnetwork", "pns"),
+        print_columns=(
+            PrintColumn("POD CIDR", json_path="podCidr"),
+            PrintColumn("ROUTES", func=_route_count),
+        ),
     ),
 )
 

@@ -79,6 +79,7 @@ SENSITIVITY = {
     catalog.BOOTSTRAP_STATUSES: False,
     catalog.SERVICES: False,
     catalog.NODE_ADDRESSES: False,
+    catalog.POD_NETWORK_STATUSES: False,  # CIDRs, node names and their addresses
     RESOURCE_DEFINITIONS: False,
     NAMESPACES: False,
 }

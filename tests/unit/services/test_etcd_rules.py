@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from kubeplane.clients.etcd import Member
-from kubeplane.services import cni
 from kubeplane.services import etcd as rules
 
 pytestmark = pytest.mark.unit
@@ -119,22 +117,3 @@ def test_bootstrap_refusals(kwargs: dict[str, object], reason: str | None) -> No
     }
     result = rules.bootstrap_refusal(**{**facts, **kwargs})  # type: ignore[arg-type]
     assert (result is None) if reason is None else (result is not None and reason in result)
-
-
-def test_node_pod_cidrs_are_distinct_slices_of_the_pod_subnet() -> None:
-    cidrs = {cni.node_pod_cidr("10.244.0.0/16", f"10.5.0.{i}") for i in range(2, 10)}
-    assert len(cidrs) == 8
-    assert all(c.startswith("10.244.") and c.endswith("/24") for c in cidrs)
-    with pytest.raises(ValueError, match="too small"):
-        cni.node_pod_cidr("10.244.0.0/24", "10.5.0.2")
-
-
-def test_conflist_is_bridge_with_host_local_over_the_node_range() -> None:
-    document = json.loads(cni.render_conflist(pod_cidr="10.244.2.0/24"))
-    bridge = document["plugins"][0]
-    assert bridge["type"] == "bridge"
-    assert bridge["ipam"] == {
-        "type": "host-local",
-        "ranges": [[{"subnet": "10.244.2.0/24"}]],
-        "routes": [{"dst": "0.0.0.0/0"}],
-    }

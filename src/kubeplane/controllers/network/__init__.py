@@ -1,0 +1,1 @@
+"""Controllers of the node's networking (the host-gw pod network)."""
