@@ -235,11 +235,20 @@ def cluster_1cp1w(e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainP
     yield from _cluster(e2e_env, name="e2e1", cidr="10.5.21.0/24", controlplanes=1, workers=1)
 
 
-# Session scope: test_cluster.py checks it as created, test_upgrade.py upgrades it and then (last)
-# takes one control plane node down. One 3+1 cluster for both keeps CI inside its time budget.
+# Session scope: test_apps.py runs an application on it, test_cluster.py checks it as created,
+# test_upgrade.py upgrades it and then (last) takes one control plane node down. One 3+1 cluster
+# for all of them keeps CI inside its time budget.
 @pytest.fixture(scope="session")
 def cluster_3cp1w(e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainPaths) -> Iterator[E2ECluster]:
-    yield from _cluster(e2e_env, name="e2e3", cidr="10.5.23.0/24", controlplanes=3, workers=1)
+    # The cluster DNS forwards other names to the bridge address, where test_apps.py serves them.
+    yield from _cluster(
+        e2e_env,
+        name="e2e3",
+        cidr="10.5.23.0/24",
+        controlplanes=3,
+        workers=1,
+        extra_args=("--dns-upstream", "10.5.23.1"),
+    )
 
 
 #: The pod-checkpointer grace period of the self-hosted cluster: long enough that the conversion

@@ -15,7 +15,9 @@ line, for the air-gapped guide's ``for image in $(kubeplane images) ...`` loops.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import ipaddress
 import json
 import shlex
 import sys
@@ -57,6 +59,29 @@ def load_patch(value: str, option: str) -> gen.Patch:
         raise click.BadParameter(str(exc), param_hint=option) from exc
 
 
+def _ip_addresses(values: Sequence[str], option: str) -> tuple[str, ...]:
+    for value in values:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise click.BadParameter(f"{value!r} is not an IP address", param_hint=option) from None
+    return tuple(values)
+
+
+def _service_subnet(name: str) -> str:
+    """The Service subnet of cluster ``name``: the one its state records (a re-run), else a free one."""
+    recorded = None
+    try:
+        netns.validate_cluster_name(name)  # before the name becomes part of a path
+        with contextlib.suppress(state.StateError):
+            network = state.ClusterState.load(name).network
+            recorded = next(iter(network.routes), None) if network is not None else None
+        taken = [other for other, _ in netns.host_networks(ignore_dev=netns.bridge_name(name))]
+    except netns.NetworkError as exc:
+        raise cluster_mod.PlanError(str(exc)) from exc
+    return planning.service_subnet_for(taken, recorded=recorded)
+
+
 @click.group()
 def cluster() -> None:
     """Local multi-node clusters in network namespaces on this machine (needs root)."""
@@ -88,6 +113,15 @@ def cluster() -> None:
     type=click.IntRange(min=0),
     help="Seconds a pod checkpoint outlives its parent (--self-hosted).",
 )
+@click.option(
+    "--dns-upstream",
+    "dns_upstreams",
+    multiple=True,
+    metavar="IP",
+    callback=lambda _ctx, _param, values: _ip_addresses(values, "--dns-upstream"),
+    help="Nameserver the cluster DNS forwards other names to (repeatable; the nodes' "
+    "machine.network.nameservers). Default: none, names outside the cluster do not resolve in pods.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 def create(
     *,
@@ -104,6 +138,7 @@ def create(
     wait_timeout: str,
     self_hosted: bool,
     checkpointer_grace_period: int,
+    dns_upstreams: tuple[str, ...],
     dry_run: bool,
 ) -> None:
     """Create a local cluster: network, load balancer, registry, one agent per node, bootstrap.
@@ -125,7 +160,9 @@ def create(
             worker_patches=tuple(load_patch(p, "--config-patch-worker") for p in worker_patches),
             self_hosted=self_hosted,
             checkpointer_grace_period=checkpointer_grace_period,
+            dns_upstreams=dns_upstreams,
         )
+        request = dataclasses.replace(request, service_subnet=_service_subnet(name))
         plan = planning.plan(request, progress=click.echo)
         paths = None if dry_run else create_mod.preflight(plan, toolchain=toolchain.Toolchain())
     except (cluster_mod.ClusterError, gen.GenerateError) as exc:

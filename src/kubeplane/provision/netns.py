@@ -12,7 +12,9 @@ characters, and host veth ends use a short hash of the cluster name plus the nod
 such limit. Node N (counting from 1, control plane nodes first) gets the (N+1)th address.
 
 Node to node traffic is bridged and node to host traffic is local, so no host sysctl needs to
-change (``ip_forward`` stays as it is). Note that with ``br_netfilter`` loaded, bridged packets
+change (``ip_forward`` stays as it is). The plan's ``routes`` (the cluster's Service subnet via
+its first control plane node, so the host reaches Services) are added on the bridge, recorded in
+the state first and deleted by :func:`destroy`. Note that with ``br_netfilter`` loaded, bridged packets
 traverse the host's iptables FORWARD chain: a DROP policy there cuts nodes off from each other.
 
 Everything is recorded in the :class:`~kubeplane.provision.state.NetworkState` *before* it is
@@ -143,13 +145,17 @@ class NetworkPlan:
     host_ip: str
     bridge: str
     nodes: tuple[NodeAddress, ...]
+    #: Host routes over the bridge: destination CIDR → gateway (the Service subnet via a node).
+    routes: tuple[tuple[str, str], ...] = ()
 
     @property
     def prefixlen(self) -> int:
         return self.cidr.prefixlen
 
 
-def plan(cluster: str, nodes: Sequence[str], *, cidr: str = DEFAULT_CIDR) -> NetworkPlan:
+def plan(
+    cluster: str, nodes: Sequence[str], *, cidr: str = DEFAULT_CIDR, routes: Sequence[tuple[str, str]] = ()
+) -> NetworkPlan:
     """Validate names and the CIDR and reserve addresses: host = 1st, node N = (N+1)th."""
     validate_cluster_name(cluster)
     try:
@@ -180,7 +186,12 @@ def plan(cluster: str, nodes: Sequence[str], *, cidr: str = DEFAULT_CIDR) -> Net
         for index, name in enumerate(nodes, start=1)
     )
     return NetworkPlan(
-        cluster=cluster, cidr=network, host_ip=str(network[1]), bridge=bridge_name(cluster), nodes=addresses
+        cluster=cluster,
+        cidr=network,
+        host_ip=str(network[1]),
+        bridge=bridge_name(cluster),
+        nodes=addresses,
+        routes=tuple(routes),
     )
 
 
@@ -217,26 +228,32 @@ def netns_exists(name: str) -> bool:
     return (NETNS_DIR / name).exists()
 
 
-def host_conflicts(network: ipaddress.IPv4Network, *, ignore_dev: str) -> list[str]:
-    """Host addresses and routes overlapping ``network`` (except those on ``ignore_dev``)."""
-    conflicts = []
+def host_networks(*, ignore_dev: str) -> list[tuple[ipaddress.IPv4Network, str]]:
+    """The host's IPv4 address networks and routes (except those on ``ignore_dev``), each with a
+    description (``address 10.0.0.1/24 on eth0``, ``route 10.96.0.0/16 via 10.5.0.2``)."""
+    found = []
     for link in _ip_json("-4", "addr", "show"):
         if link.get("ifname") == ignore_dev:
             continue
         for addr in link.get("addr_info", []):
             iface = ipaddress.ip_interface(f"{addr['local']}/{addr['prefixlen']}")
-            if iface.network.overlaps(network):
-                conflicts.append(f"address {iface} on {link.get('ifname')}")
+            if isinstance(iface, ipaddress.IPv4Interface):
+                found.append((iface.network, f"address {iface} on {link.get('ifname')}"))
     for route in _ip_json("-4", "route", "show", "table", "all"):
         dst = route.get("dst", "default")
         if dst == "default" or route.get("dev") == ignore_dev or route.get("type") in ("local", "broadcast"):
             continue
         routed = ipaddress.ip_network(dst, strict=False)
-        if isinstance(routed, ipaddress.IPv4Network) and routed.overlaps(network):
-            conflicts.append(
-                f"route {dst} via {route.get('gateway') or route.get('dev') or route.get('type')}"
+        if isinstance(routed, ipaddress.IPv4Network):
+            found.append(
+                (routed, f"route {dst} via {route.get('gateway') or route.get('dev') or route.get('type')}")
             )
-    return conflicts
+    return found
+
+
+def host_conflicts(network: ipaddress.IPv4Network, *, ignore_dev: str) -> list[str]:
+    """Host addresses and routes overlapping ``network`` (except those on ``ignore_dev``)."""
+    return [what for other, what in host_networks(ignore_dev=ignore_dev) if other.overlaps(network)]
 
 
 def check_host(network_plan: NetworkPlan, recorded: state_mod.NetworkState | None) -> None:
@@ -260,6 +277,14 @@ def check_host(network_plan: NetworkPlan, recorded: state_mod.NetworkState | Non
             f"cluster CIDR {network_plan.cidr} overlaps the host's {', '.join(conflicts)}; "
             "choose a free private range with --cidr"
         )
+    for destination, _ in network_plan.routes:
+        taken = host_conflicts(ipaddress.IPv4Network(destination), ignore_dev=network_plan.bridge)
+        if taken:
+            raise AddressConflict(
+                f"the Service subnet {destination} (routed from the host to the cluster) overlaps the "
+                f"host's {', '.join(taken)}; another local cluster may have taken it: run create again "
+                "to pick a free one, or set cluster.network.serviceSubnets with --config-patch"
+            )
     for node in network_plan.nodes:
         if netns_exists(node.netns) and (recorded is None or node.netns not in recorded.netns):
             raise NotOurs(
@@ -305,6 +330,10 @@ def create(
     for node in network_plan.nodes:
         _record_node(cluster, node, (roles or {}).get(node.name, "controlplane"))
         _create_node(network_plan, node, net, cluster)
+    for destination, gateway in network_plan.routes:
+        net.routes[destination] = gateway
+        cluster.save()
+        ip("route", "replace", destination, "via", gateway, "dev", network_plan.bridge)
 
 
 def _record_node(cluster: state_mod.ClusterState, node: NodeAddress, role: state_mod.Role) -> None:
@@ -358,6 +387,11 @@ def destroy(cluster: state_mod.ClusterState) -> None:
     if net is None:
         return
     alias = link_alias(cluster.name)
+    for destination, gateway in list(net.routes.items()):
+        # Only the route this cluster added (its gateway, its bridge): never another's.
+        ip("route", "del", destination, "via", gateway, "dev", net.bridge, check=False)
+        del net.routes[destination]
+        cluster.save()
     for link in list(net.links):
         info = link_info(link)
         if info is not None and info.get("ifalias") in (alias, None):

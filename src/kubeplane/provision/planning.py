@@ -9,13 +9,15 @@ touching the network or the disk. Raises :class:`~kubeplane.provision.cluster.Pl
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 
 from kubeplane import config as config_mod
 from kubeplane.config import client as client_config
+from kubeplane.config import defaults as config_defaults
 from kubeplane.config import generate as gen
+from kubeplane.provision import dns_image, netns
 from kubeplane.provision import loadbalancer as lb
-from kubeplane.provision import netns
 from kubeplane.provision import registry as registry_mod
 from kubeplane.provision import state as state_mod
 from kubeplane.provision import toolchain as toolchain_mod
@@ -40,6 +42,12 @@ class ClusterRequest:
     self_hosted: bool = False
     #: Seconds a pod checkpoint outlives its parent (self-hosted only).
     checkpointer_grace_period: int = 300
+    #: The Service subnet, routed from the host to the first control plane node; None: the
+    #: default, or what the patches set. :func:`service_subnet_for` picks one that is free.
+    service_subnet: str | None = None
+    #: Where the cluster DNS forwards names outside the cluster (the nodes' nameservers); none:
+    #: it answers only for the cluster (the host's resolver is not reachable from pods).
+    dns_upstreams: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,17 +94,53 @@ def node_names(cluster: str, *, controlplanes: int, workers: int) -> list[tuple[
     ]
 
 
-def _local_defaults(document: gen.Document) -> gen.Document:
+#: Local clusters' Service subnets: /16s inside Kubernetes' usual 10.96.0.0/12, one per cluster,
+#: because each is routed from the host (so the host reaches Services) and host routes are global.
+LOCAL_SERVICE_SUBNETS = tuple(f"10.{96 + index}.0.0/16" for index in range(16))
+
+
+def service_subnet_for(taken: Sequence[ipaddress.IPv4Network], *, recorded: str | None = None) -> str:
+    """The Service subnet for a new local cluster: the one it already has (``recorded``, from its
+    state), else the first of :data:`LOCAL_SERVICE_SUBNETS` that overlaps nothing in ``taken``
+    (the host's routes and addresses outside the cluster's bridge). Raises :class:`PlanError`."""
+    if recorded is not None:
+        return recorded
+    for candidate in LOCAL_SERVICE_SUBNETS:
+        network = ipaddress.IPv4Network(candidate)
+        if not any(network.overlaps(other) for other in taken):
+            return candidate
+    raise PlanError(
+        f"every local Service subnet ({LOCAL_SERVICE_SUBNETS[0]} to {LOCAL_SERVICE_SUBNETS[-1]}) is routed "
+        "on this host already; destroy a cluster or set cluster.network.serviceSubnets with --config-patch"
+    )
+
+
+def _local_defaults(document: gen.Document, request: ClusterRequest) -> gen.Document:
     """Defaults of local clusters for what the user's patches left unset.
 
-    No Debian package ships a CNI or CoreDNS image: the nodes use the bridge CNI config the
-    agent writes (``cni: none`` leaves the flannel manifest out) and CoreDNS, which could never
-    pull, is disabled.
+    No Debian package ships a CNI daemon: the node agents route pods between nodes themselves
+    (``host-gw``). The cluster DNS is kubeplane's own add-on, built by the toolchain (no CoreDNS
+    image exists offline). The Service subnet is the request's (free on this host), and the
+    nodes' nameservers are the DNS upstreams asked for, or none.
     """
     cluster = document.setdefault("cluster", {})
-    cluster.setdefault("network", {}).setdefault("cni", {"name": "none"})
-    cluster.setdefault("coreDNS", {"disabled": True})
+    network = cluster.setdefault("network", {})
+    network.setdefault("cni", {"name": "host-gw"})
+    if request.service_subnet is not None and network.get("serviceSubnets") in (
+        None,
+        list(config_defaults.DEFAULT_SERVICE_SUBNETS),
+    ):
+        network["serviceSubnets"] = [request.service_subnet]
+    cluster.setdefault("coreDNS", {"image": dns_image.image_ref()})
+    machine_network = document.setdefault("machine", {}).setdefault("network", {})
+    machine_network.setdefault("nameservers", list(request.dns_upstreams))
     return document
+
+
+def service_subnet(document: gen.Document) -> str:
+    """The first Service subnet of a (local defaulted) config document."""
+    subnets = (document.get("cluster") or {}).get("network", {}).get("serviceSubnets")
+    return str((subnets or config_defaults.DEFAULT_SERVICE_SUBNETS)[0])
 
 
 def plan(
@@ -145,9 +189,15 @@ def plan(
     if request.self_hosted:
         controlplane_document = without_static_pod_secrets(controlplane_document)
     role_documents = {
-        "controlplane": _local_defaults(controlplane_document),
-        "worker": _local_defaults(_patched(generated.documents["worker"], request.worker_patches, "worker")),
+        "controlplane": _local_defaults(controlplane_document, request),
+        "worker": _local_defaults(
+            _patched(generated.documents["worker"], request.worker_patches, "worker"), request
+        ),
     }
+    # The host reaches Services through the first control plane node (kube-proxy runs there and
+    # masquerades the host's traffic, so replies come back the same way).
+    subnet = service_subnet(role_documents["controlplane"])
+    network = dataclasses.replace(network, routes=((subnet, cp_ips[0]),))
     nodes = tuple(
         NodePlan(
             name=address.name,

@@ -112,6 +112,8 @@ class NetworkState:
     links: list[str] = dataclasses.field(default_factory=list)
     #: Host sysctls changed, with the value to restore (none are changed today).
     sysctls: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Host routes this cluster added: destination CIDR → gateway (a node), on the bridge.
+    routes: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NetworkState:
@@ -123,6 +125,7 @@ class NetworkState:
             netns=[str(x) for x in data.get("netns", [])],
             links=[str(x) for x in data.get("links", [])],
             sysctls={str(k): str(v) for k, v in data.get("sysctls", {}).items()},
+            routes={str(k): str(v) for k, v in data.get("routes", {}).items()},
         )
 
 

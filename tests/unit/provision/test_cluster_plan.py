@@ -251,3 +251,36 @@ def test_pod_netns_names_are_read_from_mountinfo_and_only_unmounted_names_remove
     leftovers.remove_pod_netns_names({"cni-aaaa", "cni-bbbb", "cni-gone"})
     # The orphaned name goes; a still-mounted one and names not asked about stay.
     assert sorted(p.name for p in netns_dir.iterdir()) == ["cni-bbbb", "cni-other"]
+
+
+def test_local_clusters_get_host_gw_the_dns_add_on_and_a_routed_service_subnet(
+    secrets: gen.SecretsBundle,
+) -> None:
+    plan = _plan(secrets, name="demo", service_subnet="10.98.0.0/16", dns_upstreams=("10.5.0.1",))
+    for node in plan.nodes:
+        doc = _doc(node)
+        assert doc["cluster"]["network"]["cni"] == {"name": "host-gw"}
+        assert doc["cluster"]["network"]["serviceSubnets"] == ["10.98.0.0/16"]
+        assert doc["cluster"]["coreDNS"]["image"].startswith("kubeplane/cluster-dns:")
+        assert doc["machine"]["network"]["nameservers"] == ["10.5.0.1"]
+    # The host reaches Services through the first control plane node.
+    assert plan.network.routes == (("10.98.0.0/16", "10.5.0.2"),)
+    # No upstream asked for: none (the host's resolver is not reachable from pods).
+    assert _doc(_plan(secrets, name="demo").nodes[0])["machine"]["network"]["nameservers"] == []
+
+
+def test_a_service_subnet_from_the_patches_wins(secrets: gen.SecretsBundle) -> None:
+    patch = {"cluster": {"network": {"serviceSubnets": ["10.200.0.0/16"]}}}
+    plan = _plan(secrets, name="demo", service_subnet="10.98.0.0/16", config_patches=(patch,))
+    assert _doc(plan.nodes[0])["cluster"]["network"]["serviceSubnets"] == ["10.200.0.0/16"]
+    assert plan.network.routes == (("10.200.0.0/16", "10.5.0.2"),)
+
+
+def test_service_subnets_are_picked_free_of_host_routes_and_kept_on_re_runs() -> None:
+    import ipaddress
+
+    taken = [ipaddress.IPv4Network("10.96.0.0/16"), ipaddress.IPv4Network("10.97.5.0/24")]
+    assert planning.service_subnet_for(taken) == "10.98.0.0/16"
+    assert planning.service_subnet_for(taken, recorded="10.96.0.0/16") == "10.96.0.0/16"
+    with pytest.raises(cluster.PlanError, match="every local Service subnet"):
+        planning.service_subnet_for([ipaddress.IPv4Network("10.96.0.0/12")])

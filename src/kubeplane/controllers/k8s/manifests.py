@@ -27,6 +27,7 @@ from kubeplane.controllers.k8s import RenderError, render
 __all__ = [
     "CNI_CUSTOM",
     "CNI_FLANNEL",
+    "CNI_HOST_GW",
     "CNI_NONE",
     "ManifestInputs",
     "render_bootstrap_manifests",
@@ -34,6 +35,8 @@ __all__ = [
 
 CNI_FLANNEL = "flannel"
 CNI_CUSTOM = "custom"
+#: The node agents route pods between nodes themselves (kubeplane.services.cni): no manifest.
+CNI_HOST_GW = "host-gw"
 CNI_NONE = "none"
 
 _TOKEN_RE = re.compile(r"^([a-z0-9]{6})\.([a-z0-9]{16})$")
@@ -112,10 +115,10 @@ def render_bootstrap_manifests(inputs: ManifestInputs) -> dict[str, list[dict[st
         manifests["03-default-pod-security-policy"] = _default_pod_security_policy()
     if inputs.cni == CNI_FLANNEL:
         manifests["05-flannel"] = _flannel(inputs)
-    elif inputs.cni not in (CNI_CUSTOM, CNI_NONE):
+    elif inputs.cni not in (CNI_CUSTOM, CNI_HOST_GW, CNI_NONE):
         raise RenderError(
             f"cluster.network.cni.name {inputs.cni!r} is not supported; "
-            f"use {CNI_FLANNEL}, {CNI_CUSTOM} (with urls) or {CNI_NONE}"
+            f"use {CNI_FLANNEL}, {CNI_HOST_GW}, {CNI_CUSTOM} (with urls) or {CNI_NONE}"
         )
     if inputs.proxy_enabled:
         manifests["10-kube-proxy"] = _kube_proxy(inputs)
@@ -386,6 +389,8 @@ def _kube_proxy(inputs: ManifestInputs) -> list[dict[str, Any]]:
 
 
 def _corefile(dns_domain: str) -> str:
+    # No ``ttl``: the plugin's default (5 s) keeps a client's cached answer from outliving a
+    # Service change by more than a few seconds.
     return (
         ".:53 {\n"
         "    errors\n"
@@ -396,7 +401,6 @@ def _corefile(dns_domain: str) -> str:
         f"    kubernetes {dns_domain} in-addr.arpa ip6.arpa {{\n"
         "        pods insecure\n"
         "        fallthrough in-addr.arpa ip6.arpa\n"
-        "        ttl 30\n"
         "    }\n"
         "    prometheus :9153\n"
         "    forward . /etc/resolv.conf\n"
@@ -448,7 +452,8 @@ def _coredns(inputs: ManifestInputs) -> list[dict[str, Any]]:
             "timeoutSeconds": 5,
             "failureThreshold": 5,
         },
-        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181, "scheme": "HTTP"}},
+        # Probed every 2 s: a replica that comes back (scaled up, restarted) takes queries at once.
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181, "scheme": "HTTP"}, "periodSeconds": 2},
         "volumeMounts": [{"name": "config-volume", "mountPath": "/etc/coredns", "readOnly": True}],
     }
     deployment = {
@@ -467,6 +472,24 @@ def _coredns(inputs: ManifestInputs) -> list[dict[str, Any]]:
                     # Resolve upstream names through the node, not through itself.
                     "dnsPolicy": "Default",
                     "nodeSelector": {"kubernetes.io/os": "linux"},
+                    # The replicas prefer different nodes, so one node going away leaves DNS up.
+                    "affinity": {
+                        "podAntiAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "weight": 100,
+                                    "podAffinityTerm": {
+                                        "labelSelector": {
+                                            "matchExpressions": [
+                                                {"key": "k8s-app", "operator": "In", "values": ["kube-dns"]}
+                                            ]
+                                        },
+                                        "topologyKey": "kubernetes.io/hostname",
+                                    },
+                                }
+                            ]
+                        }
+                    },
                     "tolerations": [
                         {"key": "CriticalAddonsOnly", "operator": "Exists"},
                         {"key": "node-role.kubernetes.io/master", "effect": "NoSchedule"},
