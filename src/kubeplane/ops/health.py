@@ -45,6 +45,14 @@ SYSTEM_NAMESPACE = "kube-system"
 #: Seconds one Kubernetes API request of a check may take (the clients a KubeFactory makes).
 REQUEST_TIMEOUT = 5.0
 
+#: The names of the checks of :func:`default_checks` (what ``--explain`` ties its diagnoses to).
+ETCD_HEALTHY = "etcd to be healthy"
+ETCD_CONSISTENT = "etcd members to be consistent across nodes"
+NODES_READY = "all k8s nodes to report ready"
+STATIC_PODS_READY = "all control plane static pods to be ready"
+API_ENDPOINT = "the Kubernetes API to answer through the endpoint"
+CHECK_NAMES = (ETCD_HEALTHY, ETCD_CONSISTENT, NODES_READY, STATIC_PODS_READY, API_ENDPOINT)
+
 T = TypeVar("T")
 #: Makes a node API client whose calls go to ``nodes`` (through the caller's endpoints).
 NodeClientFactory = Callable[[Sequence[str]], api.NodeClient]
@@ -211,11 +219,11 @@ def default_checks(topology: Topology, *, node_client: NodeClientFactory, kube: 
         return [] if status == HTTPStatus.OK else [f"{host}/readyz answered HTTP {status}: {body!r}"]
 
     return [
-        Check("etcd to be healthy", etcd_healthy),
-        Check("etcd members to be consistent across nodes", etcd_consistent),
-        Check("all k8s nodes to report ready", nodes_ready),
-        Check("all control plane static pods to be ready", static_pods_ready),
-        Check("the Kubernetes API to answer through the endpoint", api_endpoint),
+        Check(ETCD_HEALTHY, etcd_healthy),
+        Check(ETCD_CONSISTENT, etcd_consistent),
+        Check(NODES_READY, nodes_ready),
+        Check(STATIC_PODS_READY, static_pods_ready),
+        Check(API_ENDPOINT, api_endpoint),
     ]
 
 
