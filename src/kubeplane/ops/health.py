@@ -24,6 +24,10 @@ The checks reach the cluster only through the two interfaces the caller hands in
 client factory and a :class:`~kubeplane.clients.kube.KubeClient` factory (a client per attempt,
 each in its own event loop: the checks are blocking calls). Nothing here knows about local
 clusters.
+
+``kubeplane health --explain`` runs the same checks once, then explains the failures:
+:mod:`kubeplane.ops.evidence` reads what the troubleshooting guide would look at and
+:mod:`kubeplane.ops.diagnose` walks its decision tree.
 """
 
 from __future__ import annotations
