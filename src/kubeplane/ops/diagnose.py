@@ -200,7 +200,15 @@ class Diagnosis:
     checks: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The JSON form (lists, not tuples)."""
+        return {
+            "id": self.id,
+            "node": self.node,
+            "cause": self.cause,
+            "evidence": list(self.evidence),
+            "commands": list(self.commands),
+            "checks": list(self.checks),
+        }
 
     def text(self) -> str:
         lines = [f"[{self.id}]{f' node {self.node}' if self.node else ''}: {self.cause}"]
