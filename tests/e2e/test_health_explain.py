@@ -42,6 +42,7 @@ def test_healthy_cluster_gets_no_diagnosis(cluster_1cp1w: E2ECluster) -> None:
     assert passed.returncode == 0, passed.stdout + passed.stderr
 
     code, document, elapsed = explain(cluster_1cp1w)
+    print(f"health --explain on the healthy cluster: {elapsed:.1f}s")
     assert document["diagnoses"] == [], json.dumps(document["diagnoses"], indent=2)
     assert document["healthy"] is True
     assert [check["name"] for check in document["checks"]] == list(health.CHECK_NAMES)
@@ -62,7 +63,9 @@ def test_stopped_kubelet_is_diagnosed_on_its_node(cluster_1cp1w: E2ECluster) -> 
     stopped = cluster_1cp1w.cli("-n", worker, "service", "kubelet", "stop")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     try:
-        code, document, _ = explain(cluster_1cp1w)
+        code, document, elapsed = explain(cluster_1cp1w)
+        print(f"health --explain with kubelet stopped: {elapsed:.1f}s")
+        print(json.dumps(document["diagnoses"], indent=2))
         assert code == 1
         assert document["healthy"] is False
         found = [d for d in document["diagnoses"] if d["id"] == "kubelet-not-running"]

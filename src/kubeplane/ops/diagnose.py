@@ -296,7 +296,12 @@ def _node_api(evidence: Evidence) -> list[Diagnosis]:
                     "unreachable), so nothing on it could be checked",
                     evidence=(f"node API: {node.unreachable}",),
                     commands=(f"kubeplane -e {node.address} version",),
-                    checks=(health.ETCD_HEALTHY, health.ETCD_CONSISTENT),
+                    checks=(
+                        health.ETCD_HEALTHY,
+                        health.ETCD_CONSISTENT,
+                        health.NODES_READY,
+                        health.STATIC_PODS_READY,
+                    ),
                 )
             )
             continue
@@ -449,7 +454,7 @@ def _static_pods(evidence: Evidence) -> list[Diagnosis]:
                     _cmd(node.address, "ls", "etc/kubernetes/manifests"),
                     _cmd(node.address, "logs", "controller-runtime"),
                 ),
-                checks=(health.STATIC_PODS_READY,),
+                checks=(health.STATIC_PODS_READY, *(_KUBE_CHECKS if APISERVER in missing else ())),
             )
         )
     return found
@@ -474,14 +479,15 @@ def _endpoint_down(evidence: Evidence) -> list[Diagnosis]:
     if kube.answers or kube.tls_error:
         return []
     found = []
-    exited = []
-    for node in _reachable(evidence, control_plane=True):
+    controlplanes = _reachable(evidence, control_plane=True)
+    running = 0
+    for node in controlplanes:
         apiserver = [c for c in node.containers if c.name == APISERVER]
         if node.self_hosted or (apiserver and any(c.state == "RUNNING" for c in apiserver)):
+            running += 1
             continue
         if APISERVER not in node.static_pods:
             continue  # not rendered: static-pods-not-rendered says so
-        exited.append(node.address)
         state = (
             f"container {apiserver[-1].ref}: {apiserver[-1].state}"
             if apiserver
@@ -499,14 +505,14 @@ def _endpoint_down(evidence: Evidence) -> list[Diagnosis]:
                 checks=_KUBE_CHECKS,
             )
         )
-    if not exited:
+    if controlplanes and running == len(controlplanes):
         found.append(
             Diagnosis(
                 id="endpoint-not-answering",
                 node=None,
-                cause="the Kubernetes API does not answer through the control plane endpoint although no "
-                "control plane node shows kube-apiserver down: check the endpoint (load balancer, DNS) "
-                "and that kube-apiserver finished starting",
+                cause="the Kubernetes API does not answer through the control plane endpoint although "
+                "kube-apiserver runs on every control plane node that answered: check the endpoint "
+                "(load balancer, DNS) and that kube-apiserver finished starting",
                 evidence=(
                     _api_state(kube),
                     *([f"/readyz: {kube.readyz_body}"] if kube.readyz_body else []),

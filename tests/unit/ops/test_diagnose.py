@@ -411,3 +411,21 @@ def test_a_self_hosted_control_plane_has_no_static_pods_to_miss() -> None:
     for address in CPS:
         evidence = with_node(evidence, address, self_hosted=True, static_pods=(), manifest_files=())
     assert diagnose.diagnose(evidence) == []
+
+
+def test_an_api_down_because_kube_apiserver_is_not_rendered_blames_the_rendering() -> None:
+    evidence = healthy()
+    for address in CPS:
+        evidence = with_node(evidence, address, static_pods=(), manifest_files=(), containers=())
+    evidence = with_kube(evidence, error="GET /readyz: connection refused", readyz=None)
+    evidence = failing(evidence, health.API_ENDPOINT, "KubeUnavailable: connection refused")
+    found = diagnose.diagnose(evidence)
+    assert {d.id for d in found} == {"static-pods-not-rendered"}
+    assert all(health.API_ENDPOINT in d.checks for d in found)
+
+
+def test_a_control_plane_node_down_explains_the_checks_it_fails() -> None:
+    evidence = with_node(healthy(), CPS[1], unreachable="connection refused", services={})
+    for name in (health.ETCD_HEALTHY, health.NODES_READY, health.STATIC_PODS_READY):
+        evidence = failing(evidence, name, f"node {CPS[1]}: down")
+    assert [d.id for d in diagnose.diagnose(evidence)] == ["node-api-unreachable"]
