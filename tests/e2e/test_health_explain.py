@@ -70,6 +70,7 @@ def test_stopped_kubelet_is_diagnosed_on_its_node(cluster_1cp1w: E2ECluster) -> 
         assert document["healthy"] is False
         found = [d for d in document["diagnoses"] if d["id"] == "kubelet-not-running"]
         assert [d["node"] for d in found] == [worker], json.dumps(document["diagnoses"], indent=2)
+        assert "was stopped" in found[0]["cause"]
         assert any("service kubelet: state" in line for line in found[0]["evidence"])
         assert f"kubeplane -n {worker} logs kubelet" in found[0]["commands"]
     finally:

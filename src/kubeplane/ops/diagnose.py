@@ -333,12 +333,16 @@ def _kubelet(evidence: Evidence) -> list[Diagnosis]:
         if kubelet is not None and kubelet.up:
             continue
         why = kubelet.events[-1] if kubelet is not None and kubelet.events else "no event"
+        reason = (
+            "it was stopped (kubeplane service kubelet stop, or a reboot): start it again"
+            if kubelet is not None and _stopped(kubelet)
+            else "a wrong kubelet configuration is the usual reason, its log says which"
+        )
         found.append(
             Diagnosis(
                 id="kubelet-not-running",
                 node=node.address,
-                cause=f"kubelet is not running on this node (last event {why}); a wrong kubelet "
-                "configuration is the usual reason, its log says which",
+                cause=f"kubelet is not running on this node (last event {why}); {reason}",
                 evidence=(*_service_evidence(kubelet, "kubelet"), *_log_evidence(node, "kubelet")),
                 commands=(_cmd(node.address, "service", "kubelet"), _cmd(node.address, "logs", "kubelet")),
                 checks=(health.NODES_READY, health.STATIC_PODS_READY),
@@ -408,10 +412,17 @@ def _etcd(evidence: Evidence) -> list[Diagnosis]:
     return found
 
 
+def _stopped(service: Service) -> bool:
+    """Whether the service's last event is a requested stop (not a crash)."""
+    return not service.running and bool(service.events) and "Service stopped" in service.events[-1]
+
+
 def _etcd_reason(etcd: Service | None) -> str:
     crash = "most often wrong cluster.etcd.extraArgs, or /var/lib/etcd holding an old cluster's data"
     if etcd is None:
         return "is not supervised (the node's machine type is not a control plane type?)"
+    if _stopped(etcd):
+        return "was stopped (kubeplane service etcd stop, a reboot or a leave): start it again"
     if any("Service exited" in event for event in etcd.events[-4:]):
         return f"keeps exiting: {crash}"
     if etcd.running:

@@ -429,3 +429,19 @@ def test_a_control_plane_node_down_explains_the_checks_it_fails() -> None:
     for name in (health.ETCD_HEALTHY, health.NODES_READY, health.STATIC_PODS_READY):
         evidence = failing(evidence, name, f"node {CPS[1]}: down")
     assert [d.id for d in diagnose.diagnose(evidence)] == ["node-api-unreachable"]
+
+
+def test_etcd_stopped_by_hand_is_not_blamed_on_its_flags() -> None:
+    etcd = Service(id="etcd", state="Finished", running=False, events=("[Finished]: Service stopped",))
+    evidence = with_node(healthy(), CPS[2], services=services(healthy().nodes[CPS[2]], etcd=etcd))
+    found = only(evidence)
+    assert (found.id, found.node) == ("etcd-not-running", CPS[2])
+    assert "was stopped" in found.cause and "extraArgs" not in found.cause
+
+
+def test_kubelet_stopped_by_hand_says_so() -> None:
+    kubelet = Service(id="kubelet", state="Finished", running=False, events=("[Finished]: Service stopped",))
+    evidence = with_node(healthy(), WORKER, services=services(healthy().nodes[WORKER], kubelet=kubelet))
+    found = only(evidence)
+    assert found.id == "kubelet-not-running"
+    assert "was stopped" in found.cause and "configuration" not in found.cause
