@@ -38,6 +38,7 @@ dataclasses with an ``as_dict`` for ``-o json``.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -55,6 +56,8 @@ CONTROLLER_FAILURES = 3
 CONTROLLER_RECENT = 45.0
 #: How a TLS failure of an unknown issuer reads (Go's wording and Python's).
 _UNKNOWN_AUTHORITY = ("certificate signed by unknown authority", "CERTIFICATE_VERIFY_FAILED")
+#: A log line that reports a failure: klog's E/F severity, or an error word.
+_ERROR_LINE = re.compile(r"^[EF]\d{4} |\b(error|fatal|panic|failed|unknown flag|refused)\b", re.IGNORECASE)
 _KUBE_CHECKS = (health.NODES_READY, health.STATIC_PODS_READY, health.API_ENDPOINT)
 
 
@@ -262,7 +265,12 @@ def _service_evidence(service: Service | None, name: str) -> list[str]:
 
 
 def _log_evidence(node: NodeEvidence, key: str, *, lines: int = 3) -> list[str]:
-    return [f"log {key}: {line}" for line in node.logs.get(key, ())[-lines:]]
+    """The last ``lines`` error lines of a log, else its last lines. A process that exits on a bad
+    flag prints the error first and then its whole usage text, so the last lines alone would
+    show only the usage."""
+    text = node.logs.get(key, ())
+    errors = [line for line in text if _ERROR_LINE.search(line)]
+    return [f"log {key}: {line.strip()}" for line in (errors or text)[-lines:]]
 
 
 def _kube_node(evidence: Evidence, address: str) -> KubeNode | None:
@@ -362,7 +370,8 @@ def _etcd(evidence: Evidence) -> list[Diagnosis]:
     down = [(node, etcd) for node, etcd in down if etcd is None or not etcd.up]
     if not down:
         return []
-    checks = (health.ETCD_HEALTHY, health.ETCD_CONSISTENT)
+    # kube-apiserver reads its own node's etcd: a node without etcd fails the Kubernetes checks too.
+    checks = (health.ETCD_HEALTHY, health.ETCD_CONSISTENT, *_KUBE_CHECKS)
     bootstrapped = any(node.bootstrap_node for node in nodes)
     etcd_up = any(etcd is not None and etcd.up for etcd in (node.services.get("etcd") for node in nodes))
     if not bootstrapped and not etcd_up and len(nodes) == len(evidence.controlplanes):
@@ -403,7 +412,8 @@ def _etcd(evidence: Evidence) -> list[Diagnosis]:
             Diagnosis(
                 id="etcd-not-running",
                 node=node.address,
-                cause=f"etcd is not running on {role}: it {_etcd_reason(etcd)}",
+                cause=f"etcd is not running on {role}: it {_etcd_reason(etcd)}; kube-apiserver on this "
+                "node reads it, so the endpoint may fail when it routes there",
                 evidence=(*_service_evidence(etcd, "etcd"), *_log_evidence(node, "etcd")),
                 commands=(_cmd(node.address, "service", "etcd"), _cmd(node.address, "logs", "etcd")),
                 checks=checks,

@@ -359,7 +359,13 @@ def test_a_control_plane_component_not_running(component: str) -> None:
         dataclasses.replace(c, state="STOPPED") if c.name == component else c
         for c in healthy().nodes[CPS[1]].containers
     )
-    evidence = with_node(with_kube(healthy(), pods=pods), CPS[1], containers=containers)
+    ref = f"kube-system/{component}-cp-2:{component}"
+    usage = (
+        "Error: unknown flag: --bogus",
+        "Usage:",
+        *(f"      --flag-{i} string   a flag" for i in range(40)),
+    )
+    evidence = with_node(with_kube(healthy(), pods=pods), CPS[1], containers=containers, logs={ref: usage})
     found = only(
         failing(evidence, health.STATIC_PODS_READY, f"node {CPS[1]}: {component} is Running, not Ready")
     )
@@ -369,7 +375,11 @@ def test_a_control_plane_component_not_running(component: str) -> None:
         f"pod kube-system/{component}-cp-2: Running (CrashLoopBackOff), not Ready, 4 restarts"
         in found.evidence
     )
-    assert f"kubeplane -n {CPS[1]} logs -k kube-system/{component}-cp-2:{component}" in found.commands
+    assert f"kubeplane -n {CPS[1]} logs -k {ref}" in found.commands
+    # The error printed before the usage text, not the usage text's last lines.
+    assert [line for line in found.evidence if line.startswith("log ")] == [
+        f"log {ref}: Error: unknown flag: --bogus"
+    ]
 
 
 def test_a_controller_still_failing_is_reported_with_the_guides_meaning() -> None:
@@ -445,3 +455,11 @@ def test_kubelet_stopped_by_hand_says_so() -> None:
     found = only(evidence)
     assert found.id == "kubelet-not-running"
     assert "was stopped" in found.cause and "configuration" not in found.cause
+
+
+def test_etcd_down_explains_the_kubernetes_checks_its_kube_apiserver_fails() -> None:
+    etcd = Service(id="etcd", state="Finished", running=False, events=("[Finished]: Service stopped",))
+    evidence = with_node(healthy(), CPS[2], services=services(healthy().nodes[CPS[2]], etcd=etcd))
+    evidence = failing(evidence, health.ETCD_HEALTHY, f"node {CPS[2]}: unavailable")
+    evidence = failing(evidence, health.API_ENDPOINT, "https://10.5.0.1:6443/readyz answered HTTP 500")
+    assert [d.id for d in diagnose.diagnose(evidence)] == ["etcd-not-running"]
