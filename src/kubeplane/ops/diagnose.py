@@ -56,8 +56,10 @@ CONTROLLER_FAILURES = 3
 CONTROLLER_RECENT = 45.0
 #: How a TLS failure of an unknown issuer reads (Go's wording and Python's).
 _UNKNOWN_AUTHORITY = ("certificate signed by unknown authority", "CERTIFICATE_VERIFY_FAILED")
-#: A log line that reports a failure: klog's E/F severity, or an error word.
-_ERROR_LINE = re.compile(r"^[EF]\d{4} |\b(error|fatal|panic|failed|unknown flag|refused)\b", re.IGNORECASE)
+#: A log line that reports a failure: klog's E/F severity or an ``Error:`` first (preferred), else
+#: any line with an error word.
+_ERROR_START = re.compile(r"[EF]\d{4} |(error|fatal|panic)\b", re.IGNORECASE)
+_ERROR_WORD = re.compile(r"\b(error|fatal|panic|failed|unknown flag|refused)\b", re.IGNORECASE)
 _KUBE_CHECKS = (health.NODES_READY, health.STATIC_PODS_READY, health.API_ENDPOINT)
 
 
@@ -265,12 +267,15 @@ def _service_evidence(service: Service | None, name: str) -> list[str]:
 
 
 def _log_evidence(node: NodeEvidence, key: str, *, lines: int = 3) -> list[str]:
-    """The last ``lines`` error lines of a log, else its last lines. A process that exits on a bad
-    flag prints the error first and then its whole usage text, so the last lines alone would
-    show only the usage."""
-    text = node.logs.get(key, ())
-    errors = [line for line in text if _ERROR_LINE.search(line)]
-    return [f"log {key}: {line.strip()}" for line in (errors or text)[-lines:]]
+    """The last ``lines`` lines of a log that report an error (see :data:`_ERROR_START`), else that
+    mention one, else its last lines. A process that exits on a bad flag prints the error first
+    and then its whole usage text, so the last lines alone would show only the usage."""
+    text = [line.strip() for line in node.logs.get(key, ())]
+    # Usage text names errors too ("--alsologtostderr  log to standard error"): flag lines never count.
+    reports = [line for line in text if not line.startswith("-")]
+    leading = [line for line in reports if _ERROR_START.match(line)]
+    mentions = [line for line in reports if _ERROR_WORD.search(line)]
+    return [f"log {key}: {line}" for line in (leading or mentions or text)[-lines:]]
 
 
 def _kube_node(evidence: Evidence, address: str) -> KubeNode | None:

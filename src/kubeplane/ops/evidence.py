@@ -11,9 +11,9 @@ Per node: services, hostname, recent controller failures (the node's ``controlle
 last :data:`EVENT_WINDOW` seconds), CRI containers; on a control plane node also the StaticPods,
 the kubelet manifest directory, the ManifestStatuses, the BootstrapStatus and whether the etcd
 bootstrap marker is there. Then, once the Kubernetes answer is in, the last :data:`LOG_TAIL`
-lines of the logs that explain a failure: kubelet's when it is down or its node is not registered, etcd's when it is down,
-a control plane container's when it is not running. A read that fails leaves its part empty; only
-a node whose first call fails is reported ``unreachable``.
+lines of the logs that explain a failure: kubelet's when it is down or its node is not
+registered, etcd's when it is down, a control plane container's when it is not running. A read
+that fails leaves its part empty; only a node whose first call fails is reported ``unreachable``.
 """
 
 from __future__ import annotations

@@ -363,7 +363,8 @@ def test_a_control_plane_component_not_running(component: str) -> None:
     usage = (
         "Error: unknown flag: --bogus",
         "Usage:",
-        *(f"      --flag-{i} string   a flag" for i in range(40)),
+        "      --alsologtostderr                  log to standard error as well as files",
+        *(f"      --flag-{i} string   a flag, failures are not fatal" for i in range(40)),
     )
     evidence = with_node(with_kube(healthy(), pods=pods), CPS[1], containers=containers, logs={ref: usage})
     found = only(
@@ -463,3 +464,23 @@ def test_etcd_down_explains_the_kubernetes_checks_its_kube_apiserver_fails() -> 
     evidence = failing(evidence, health.ETCD_HEALTHY, f"node {CPS[2]}: unavailable")
     evidence = failing(evidence, health.API_ENDPOINT, "https://10.5.0.1:6443/readyz answered HTTP 500")
     assert [d.id for d in diagnose.diagnose(evidence)] == ["etcd-not-running"]
+
+
+def test_log_lines_that_report_an_error_come_before_those_that_mention_one() -> None:
+    kubelet = Service(
+        id="kubelet", state="Failed", running=False, events=("[Failed]: Service exited with code 1",)
+    )
+    lines = (
+        "I1124 11:00:00.000000 1 server.go:1] starting",
+        "E1124 11:00:01.000000 1 server.go:2] failed to run Kubelet: bad config",
+        "I1124 11:00:02.000000 1 server.go:3] a retry failed once",
+        "I1124 11:00:03.000000 1 server.go:4] exiting",
+    )
+    evidence = with_node(
+        healthy(),
+        WORKER,
+        services=services(healthy().nodes[WORKER], kubelet=kubelet),
+        logs={"kubelet": lines},
+    )
+    logged = [line for line in only(evidence).evidence if line.startswith("log ")]
+    assert logged == [f"log kubelet: {lines[1]}"]
