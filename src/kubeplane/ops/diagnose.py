@@ -720,6 +720,8 @@ def _components(evidence: Evidence) -> list[Diagnosis]:
         for component in health.CONTROL_PLANE_COMPONENTS:
             if node is not None and node.unreachable is None and component not in node.static_pods:
                 continue  # static-pods-not-rendered
+            if component == APISERVER and reachable and node is not None and not _is_up(node, "etcd"):
+                continue  # etcd-not-running: kube-apiserver cannot work without its node's etcd
             pods = [pod for pod in kube.pods if pod.app == component and pod.host_ip == address]
             if any(pod.ready for pod in pods):
                 continue

@@ -463,6 +463,12 @@ def test_etcd_down_explains_the_kubernetes_checks_its_kube_apiserver_fails() -> 
     evidence = with_node(healthy(), CPS[2], services=services(healthy().nodes[CPS[2]], etcd=etcd))
     evidence = failing(evidence, health.ETCD_HEALTHY, f"node {CPS[2]}: unavailable")
     evidence = failing(evidence, health.API_ENDPOINT, "https://10.5.0.1:6443/readyz answered HTTP 500")
+    # That node's kube-apiserver is not Ready without its etcd: one cause, not two diagnoses.
+    pods = tuple(
+        dataclasses.replace(p, ready=False) if (p.app, p.host_ip) == (diagnose.APISERVER, CPS[2]) else p
+        for p in evidence.kube.pods
+    )
+    evidence = with_kube(evidence, pods=pods)
     assert [d.id for d in diagnose.diagnose(evidence)] == ["etcd-not-running"]
 
 
