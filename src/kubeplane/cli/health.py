@@ -5,11 +5,19 @@ else, when the context is named after a local cluster, that cluster's roles; els
 endpoints are the control plane nodes and its other nodes the workers (the layout
 ``cluster create`` writes). The Kubernetes API is reached with the admin kubeconfig the node API
 hands out, through its server (the control plane endpoint) or ``--k8s-endpoint``.
+
+``--explain`` runs each check once (or within ``--wait-timeout`` when that is given), then gathers
+evidence from every node and the Kubernetes API (:mod:`kubeplane.ops.evidence`) and prints the
+diagnoses of :mod:`kubeplane.ops.diagnose`: cause, evidence, what to run. ``-o json`` prints the
+same as one JSON document ``{"healthy", "checks", "diagnoses"}``. Either way the command fails
+(exit 1) unless the cluster is healthy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections.abc import Sequence
 
 import click
@@ -18,6 +26,8 @@ import yaml
 from kubeplane import api
 from kubeplane.cli import connect, output
 from kubeplane.clients import kube
+from kubeplane.ops import diagnose as diagnose_ops
+from kubeplane.ops import evidence as evidence_ops
 from kubeplane.ops import health as health_ops
 from kubeplane.provision import cluster as cluster_mod
 from kubeplane.provision import state
@@ -70,15 +80,46 @@ def fetch_kubeconfig(target: connect.Target, *, server: str | None) -> str:
     return str(yaml.safe_dump(document, sort_keys=False))
 
 
+def cluster_ca(kubeconfig: str) -> bytes | None:
+    """The CA certificate (PEM) the kubeconfig trusts for its first cluster."""
+    clusters = (yaml.safe_load(kubeconfig) or {}).get("clusters") or []
+    data = (clusters[0].get("cluster") or {}).get("certificate-authority-data") if clusters else None
+    return base64.b64decode(data) if isinstance(data, str) else None
+
+
 @click.command()
 @click.option("--wait-timeout", default="5m", show_default=True, help="How long the checks may take in all.")
 @click.option("--control-plane-nodes", "cp_nodes", multiple=True, metavar="ADDR[,ADDR]")
 @click.option("--worker-nodes", "worker_nodes", multiple=True, metavar="ADDR[,ADDR]")
 @click.option("--k8s-endpoint", metavar="URL", help="Kubernetes API URL (default: the kubeconfig's server).")
+@click.option(
+    "--explain",
+    is_flag=True,
+    help="Check once, then diagnose every failure: cause, evidence, the command to run next.",
+)
+@click.option(
+    "-o",
+    "--output",
+    "output_format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="With --explain: json prints one document for scripts.",
+)
+@click.pass_context
 def health(
-    *, wait_timeout: str, cp_nodes: tuple[str, ...], worker_nodes: tuple[str, ...], k8s_endpoint: str | None
+    ctx: click.Context,
+    *,
+    wait_timeout: str,
+    cp_nodes: tuple[str, ...],
+    worker_nodes: tuple[str, ...],
+    k8s_endpoint: str | None,
+    explain: bool,
+    output_format: str,
 ) -> None:
     """Check the cluster: etcd, nodes Ready, control plane static pods, the API endpoint."""
+    if output_format == "json" and not explain:
+        raise click.UsageError("-o json needs --explain")
     timeout = output.parse_duration(wait_timeout)
     target = connect.resolve(connect.options())
     expected = topology(target, controlplanes=_split(cp_nodes), workers=_split(worker_nodes))
@@ -87,11 +128,28 @@ def health(
     def node_client(nodes: Sequence[str]) -> api.NodeClient:
         return api.NodeClient(target.endpoints, credentials=target.credentials, nodes=tuple(nodes))
 
-    checks = health_ops.default_checks(
-        expected,
-        node_client=node_client,
-        kube=lambda: kube.KubeClient(kubeconfig, timeout=health_ops.REQUEST_TIMEOUT),
-    )
+    def kube_factory() -> kube.KubeClient:
+        return kube.KubeClient(kubeconfig, timeout=health_ops.REQUEST_TIMEOUT)
+
+    checks = health_ops.default_checks(expected, node_client=node_client, kube=kube_factory)
+    if explain:
+        # Diagnose what is visible now; wait first only when asked to with --wait-timeout.
+        waited = ctx.get_parameter_source("wait_timeout") is not click.core.ParameterSource.DEFAULT
+        text = output_format == "text"
+        results = health_ops.run(
+            checks,
+            timeout=timeout if waited else 0.0,
+            report=lambda result: click.echo(result.text()) if text else None,
+        )
+        evidence = evidence_ops.gather(
+            expected,
+            node_client=node_client,
+            kube=kube_factory,
+            cluster_ca=cluster_ca(kubeconfig),
+            checks=results,
+        )
+        _explain(results, diagnose_ops.diagnose(evidence), json_output=not text)
+        return
     results = health_ops.run(checks, timeout=timeout, report=lambda result: click.echo(result.text()))
     failed = [result for result in results if not result.ok]
     if failed:
@@ -100,3 +158,33 @@ def health(
             f"{len(failed)} of {len(results)} checks failed"
             + (f"; failing nodes: {', '.join(nodes)}" if nodes else "")
         )
+
+
+def _explain(
+    results: Sequence[health_ops.Result], diagnoses: Sequence[diagnose_ops.Diagnosis], *, json_output: bool
+) -> None:
+    """Print the verdict; exit 1 unless every check passed and nothing was diagnosed."""
+    healthy = not diagnoses and all(result.ok for result in results)
+    if json_output:
+        document = {
+            "healthy": healthy,
+            "checks": [
+                {"name": r.name, "ok": r.ok, "problems": list(r.problems), "elapsed": round(r.elapsed, 3)}
+                for r in results
+            ],
+            "diagnoses": [d.as_dict() for d in diagnoses],
+        }
+        click.echo(json.dumps(document, indent=2))
+    elif healthy:
+        click.echo(f"healthy: {len(results)} checks passed, nothing to diagnose")
+        for result in results:
+            click.echo(f"  checked: {result.name}")
+    else:
+        click.echo(f"\n{len(diagnoses)} diagnos{'is' if len(diagnoses) == 1 else 'es'}:")
+        for diagnosis in diagnoses:
+            click.echo(diagnosis.text())
+    if not healthy:
+        failed = sum(not result.ok for result in results)
+        if json_output:
+            raise SystemExit(1)
+        raise click.ClickException(f"{failed} of {len(results)} checks failed; {len(diagnoses)} diagnosed")

@@ -24,6 +24,10 @@ The checks reach the cluster only through the two interfaces the caller hands in
 client factory and a :class:`~kubeplane.clients.kube.KubeClient` factory (a client per attempt,
 each in its own event loop: the checks are blocking calls). Nothing here knows about local
 clusters.
+
+``kubeplane health --explain`` runs the same checks once, then explains the failures:
+:mod:`kubeplane.ops.evidence` reads what the troubleshooting guide would look at and
+:mod:`kubeplane.ops.diagnose` walks its decision tree.
 """
 
 from __future__ import annotations
@@ -44,6 +48,14 @@ CONTROL_PLANE_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-s
 SYSTEM_NAMESPACE = "kube-system"
 #: Seconds one Kubernetes API request of a check may take (the clients a KubeFactory makes).
 REQUEST_TIMEOUT = 5.0
+
+#: The names of the checks of :func:`default_checks` (what ``--explain`` ties its diagnoses to).
+ETCD_HEALTHY = "etcd to be healthy"
+ETCD_CONSISTENT = "etcd members to be consistent across nodes"
+NODES_READY = "all k8s nodes to report ready"
+STATIC_PODS_READY = "all control plane static pods to be ready"
+API_ENDPOINT = "the Kubernetes API to answer through the endpoint"
+CHECK_NAMES = (ETCD_HEALTHY, ETCD_CONSISTENT, NODES_READY, STATIC_PODS_READY, API_ENDPOINT)
 
 T = TypeVar("T")
 #: Makes a node API client whose calls go to ``nodes`` (through the caller's endpoints).
@@ -211,11 +223,11 @@ def default_checks(topology: Topology, *, node_client: NodeClientFactory, kube: 
         return [] if status == HTTPStatus.OK else [f"{host}/readyz answered HTTP {status}: {body!r}"]
 
     return [
-        Check("etcd to be healthy", etcd_healthy),
-        Check("etcd members to be consistent across nodes", etcd_consistent),
-        Check("all k8s nodes to report ready", nodes_ready),
-        Check("all control plane static pods to be ready", static_pods_ready),
-        Check("the Kubernetes API to answer through the endpoint", api_endpoint),
+        Check(ETCD_HEALTHY, etcd_healthy),
+        Check(ETCD_CONSISTENT, etcd_consistent),
+        Check(NODES_READY, nodes_ready),
+        Check(STATIC_PODS_READY, static_pods_ready),
+        Check(API_ENDPOINT, api_endpoint),
     ]
 
 
