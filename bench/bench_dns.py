@@ -131,7 +131,8 @@ def main() -> None:
                 "--restart=Never", "--rm", "-i", "--command", "--", "python3", "-", server,
                 "kubernetes.default.svc.cluster.local", str(QUERIES), stdin=CLIENT,
             )  # fmt: skip
-            figures = json.loads(out.strip().splitlines()[-1])
+            # kubectl adds its own lines ("pod ... deleted") around the client's one JSON line.
+            figures = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
             print(
                 f"    {label:22} p50 {figures['p50_ms']:.2f} ms  p99 {figures['p99_ms']:.2f} ms  "
                 f"{figures['sequential_qps']:.0f} q/s sequential  "

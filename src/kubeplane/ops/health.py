@@ -13,7 +13,9 @@ Checks, in order:
 4. ``all control plane static pods to be ready``: on each control plane node the mirror pods of
    kube-apiserver, kube-controller-manager and kube-scheduler exist and are Ready;
 5. ``the Kubernetes API to answer through the endpoint``: ``/readyz`` through the kubeconfig's server
-   (the load balancer in a local cluster).
+   (the load balancer in a local cluster);
+6. ``the cluster DNS to be ready``: when the cluster has the ``kube-dns`` Service, at least one of
+   its endpoints is ready (so pods resolve names once ``cluster create`` returns).
 
 Once a check fails the run goes on with the next ones (each then gets a single attempt), so a
 report lists every failing node, not just the first symptom. Rejected alternative: stopping at
@@ -55,7 +57,10 @@ ETCD_CONSISTENT = "etcd members to be consistent across nodes"
 NODES_READY = "all k8s nodes to report ready"
 STATIC_PODS_READY = "all control plane static pods to be ready"
 API_ENDPOINT = "the Kubernetes API to answer through the endpoint"
-CHECK_NAMES = (ETCD_HEALTHY, ETCD_CONSISTENT, NODES_READY, STATIC_PODS_READY, API_ENDPOINT)
+CLUSTER_DNS = "the cluster DNS to be ready"
+CHECK_NAMES = (ETCD_HEALTHY, ETCD_CONSISTENT, NODES_READY, STATIC_PODS_READY, API_ENDPOINT, CLUSTER_DNS)
+#: The cluster DNS Service of the bootstrap manifests (CoreDNS or kubeplane's drop-in).
+DNS_SERVICE = "kube-dns"
 
 T = TypeVar("T")
 #: Makes a node API client whose calls go to ``nodes`` (through the caller's endpoints).
@@ -222,12 +227,25 @@ def default_checks(topology: Topology, *, node_client: NodeClientFactory, kube: 
         body = text[:200].encode()
         return [] if status == HTTPStatus.OK else [f"{host}/readyz answered HTTP {status}: {body!r}"]
 
+    def cluster_dns() -> list[str]:
+        def read(kind: str) -> dict[str, Any] | None:
+            path = f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/{kind}/{DNS_SERVICE}"
+            return kube_call(kube, lambda api: api.get_or_none(path))
+
+        if read("services") is None:
+            return []  # no cluster DNS (coreDNS disabled): nothing to wait for
+        subsets = (read("endpoints") or {}).get("subsets") or ()
+        if any(subset.get("addresses") for subset in subsets):
+            return []
+        return [f"service {SYSTEM_NAMESPACE}/{DNS_SERVICE} has no ready endpoint: no DNS pod is Ready"]
+
     return [
         Check(ETCD_HEALTHY, etcd_healthy),
         Check(ETCD_CONSISTENT, etcd_consistent),
         Check(NODES_READY, nodes_ready),
         Check(STATIC_PODS_READY, static_pods_ready),
         Check(API_ENDPOINT, api_endpoint),
+        Check(CLUSTER_DNS, cluster_dns),
     ]
 
 
