@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from kubeplane.ops import health
 from kubeplane.provision import netns, registry
 
 if TYPE_CHECKING:
@@ -73,7 +74,8 @@ def test_1cp1w_health_passes(cluster_1cp1w: E2ECluster) -> None:
     lines = result.stdout.splitlines()
     assert "waiting for etcd to be healthy: OK" in lines
     assert "waiting for all k8s nodes to report ready: OK" in lines
-    assert sum(line.endswith(": OK") for line in lines) == 5
+    assert "waiting for the cluster DNS to be ready: OK" in lines
+    assert sum(line.endswith(": OK") for line in lines) == len(health.CHECK_NAMES)
 
 
 def test_1cp1w_show_lists_nodes_roles_and_endpoint(cluster_1cp1w: E2ECluster) -> None:

@@ -216,21 +216,34 @@ def test_one_bad_extra_manifest_blocks_nothing(cluster_1cp1w: E2ECluster) -> Non
     result = cluster_1cp1w.cli("-n", node, "patch", "mc", "--immediate", "-p", json.dumps(patch))
     assert result.returncode == 0, result.stdout + result.stderr
 
+    def errors() -> dict[str, str]:
+        (status,) = resources(cluster_1cp1w, node, "ms")
+        return dict(status["spec"].get("errors") or {})
+
     def good_applied() -> bool:
         return cluster_1cp1w.kubectl("get", "configmap", "e2e-good", "-n", "default").returncode == 0
 
-    wait_until("the good inline manifest to be applied", good_applied)
-
     def bad_reported() -> bool:
-        (status,) = resources(cluster_1cp1w, node, "ms")
-        return any("e2e-bad" in manifest for manifest in status["spec"].get("errors", {}))
+        return any("e2e-bad" in manifest for manifest in errors())
 
-    wait_until("the bad inline manifest to be reported in ManifestStatuses", bad_reported, timeout=60)
-    logs = cluster_1cp1w.cli("-n", node, "logs", "controller-runtime")
-    assert bad_url in logs.stdout, "the failed download is not logged with its URL"
-    assert {"10-kube-proxy", "00-kubelet-bootstrapping-token"} <= set(
-        resources(cluster_1cp1w, node, "ms")[0]["spec"]["manifestsApplied"]
-    )
+    try:
+        wait_until("the good inline manifest to be applied", good_applied)
+        wait_until("the bad inline manifest to be reported in ManifestStatuses", bad_reported, timeout=60)
+        logs = cluster_1cp1w.cli("-n", node, "logs", "controller-runtime")
+        assert bad_url in logs.stdout, "the failed download is not logged with its URL"
+        assert {"10-kube-proxy", "00-kubelet-bootstrapping-token"} <= set(
+            resources(cluster_1cp1w, node, "ms")[0]["spec"]["manifestsApplied"]
+        )
+    finally:
+        # The cluster is shared: take the broken manifests out again, so later modules (health
+        # --explain on a healthy cluster) do not find this test's failures.
+        undo = [
+            {"op": "remove", "path": "/cluster/extraManifests"},
+            {"op": "remove", "path": "/cluster/inlineManifests"},
+        ]
+        result = cluster_1cp1w.cli("-n", node, "patch", "mc", "--immediate", "-p", json.dumps(undo))
+        assert result.returncode == 0, result.stdout + result.stderr
+        wait_until("the manifest errors to clear", lambda: not errors(), timeout=60)
 
 
 def test_extra_args_patch_rolls_only_kube_apiserver(cluster_1cp1w: E2ECluster) -> None:
