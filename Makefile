@@ -22,6 +22,7 @@ integration:
 e2e:
 	$(PY)/pytest -m e2e
 
-# The whole suite: static checks, then every tier (unit, integration, e2e) in one pytest run.
+# The whole suite: static checks, then every tier: e2e beside unit + integration (two pytest runs
+# at once, see scripts/test-tiers).
 test: lint
-	$(PY)/pytest tests
+	PYTEST=$(PY)/pytest ./scripts/test-tiers

@@ -143,12 +143,63 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not first(item))  # stable: keeps the order within each group
 
 
+SESSION_PREFIX = "kpe2e-"
+#: The pytest process that owns a session directory: its PID and start time (PIDs are reused).
+OWNER_FILE = "owner"
+
+
+def _session_env(base: Path) -> dict[str, str]:
+    return {"KUBEPLANE_STATE": str(base / "s"), "KUBEPLANECONFIG": str(base / "config")}
+
+
+def _session_is_live(base: Path) -> bool:
+    """Whether the e2e session in ``base`` may still run: its owner lives, or (an owner file is
+    missing) a process recorded for one of its clusters does."""
+    try:
+        pid, start_time = (int(field) for field in (base / OWNER_FILE).read_text().split())
+    except (OSError, ValueError):
+        root = base / "s"
+        names = cluster_mod.list_clusters(state_root=root) if root.is_dir() else []
+        for name in names:
+            loaded = state.ClusterState.load(name, root=root)
+            records = [*loaded.processes.values()]
+            for node in loaded.nodes:
+                records += node.processes.values()
+            if any(hostproc.is_running(record) for record in records):
+                return True
+        return False
+    return hostproc.start_time_of(pid) == start_time
+
+
+def reap_stale_sessions(tmp: Path) -> list[str]:
+    """Destroy the clusters of earlier e2e sessions whose pytest is gone (killed, or the machine's
+    session ended mid-run): their bridges, namespaces and host routes would otherwise collide
+    with this session's clusters of the same names. Live sessions are left alone."""
+    reaped = []
+    for base in sorted(tmp.glob(f"{SESSION_PREFIX}*")):
+        if not base.is_dir() or _session_is_live(base):
+            continue
+        root = base / "s"
+        for name in cluster_mod.list_clusters(state_root=root) if root.is_dir() else []:
+            result = run_kubeplane(_session_env(base), "cluster", "destroy", "--name", name)
+            if result.returncode != 0:
+                pytest.fail(f"cannot destroy stale e2e cluster {name} of {base}:\n{result.stderr}")
+            reaped.append(f"{base.name}/{name}")
+        shutil.rmtree(base, ignore_errors=True)
+    return reaped
+
+
 @pytest.fixture(scope="session")
 def e2e_env() -> Iterator[dict[str, str]]:
     # Short paths: unix sockets under the state directory (haproxy's admin socket, each node's
     # containerd socket) must fit in about 104 bytes, which pytest's own tmp paths can overrun.
-    base = Path(tempfile.mkdtemp(prefix="kpe2e-", dir="/tmp"))
-    yield {"KUBEPLANE_STATE": str(base / "s"), "KUBEPLANECONFIG": str(base / "config")}
+    tmp = Path("/tmp")
+    reaped = reap_stale_sessions(tmp)
+    if reaped:
+        print(f"destroyed the clusters of dead e2e sessions: {', '.join(reaped)}")
+    base = Path(tempfile.mkdtemp(prefix=SESSION_PREFIX, dir=tmp))
+    (base / OWNER_FILE).write_text(f"{os.getpid()} {hostproc.start_time_of(os.getpid())}\n")
+    yield _session_env(base)
     shutil.rmtree(base, ignore_errors=True)
 
 
