@@ -499,6 +499,17 @@ def _unknown_authority(text: str) -> bool:
     return any(marker in text for marker in _UNKNOWN_AUTHORITY)
 
 
+#: How many of the kubelet's last log lines count as "now": it retries a failing request every few
+#: seconds, while an error that was fixed stays in the log until newer lines push it out.
+RECENT_KUBELET_LINES = 20
+
+
+def _kubelet_unknown_authority(node: NodeEvidence) -> list[str]:
+    """The kubelet's recent log lines that report TLS to the API failing on an unknown CA."""
+    recent = node.logs.get("kubelet", ())[-RECENT_KUBELET_LINES:]
+    return [line.strip() for line in recent if _unknown_authority(line)]
+
+
 def _endpoint_down(evidence: Evidence) -> list[Diagnosis]:
     """ "an error on the server": the endpoint does not answer (a TLS failure is its own branch)."""
     kube = evidence.kube
@@ -583,6 +594,24 @@ def _other_cluster(evidence: Evidence) -> list[Diagnosis]:
             )
         )
     for node in _reachable(evidence):
+        kubelet_lines = _kubelet_unknown_authority(node)
+        if kubelet_lines:
+            found.append(
+                Diagnosis(
+                    id="endpoint-other-cluster",
+                    node=node.address,
+                    cause='this node\'s kubelet gets x509 "certificate signed by unknown authority" from '
+                    "the control plane endpoint it was given: the endpoint in its machine config points "
+                    "at another cluster (or the node has another cluster's CA)",
+                    evidence=tuple(f"log kubelet: {line}" for line in kubelet_lines[-2:]),
+                    commands=(
+                        _cmd(node.address, "get", "machineconfig", "-o", "yaml"),
+                        _cmd(node.address, "logs", "kubelet"),
+                    ),
+                    checks=(health.NODES_READY,),
+                )
+            )
+            continue
         lines = [e for e in node.controller_errors if _unknown_authority(e.message)]
         if not lines:
             continue
@@ -680,6 +709,8 @@ def _not_ready(evidence: Evidence) -> list[Diagnosis]:
         node = evidence.nodes.get(address)
         if node is not None and (node.unreachable is not None or not _is_up(node, "kubelet")):
             continue  # explained by the node API or kubelet diagnosis
+        if node is not None and _kubelet_unknown_authority(node):
+            continue  # endpoint-other-cluster: the kubelet cannot report to this cluster
         pods = [pod for pod in kube.pods if pod.node_name == registered.name and not pod.ready]
         found.append(
             Diagnosis(

@@ -12,7 +12,7 @@ last :data:`EVENT_WINDOW` seconds), CRI containers; on a control plane node also
 the kubelet manifest directory, the ManifestStatuses, the BootstrapStatus and whether the etcd
 bootstrap marker is there. Then, once the Kubernetes answer is in, the last :data:`LOG_TAIL`
 lines of the logs that explain a failure: kubelet's when it is down or its node is not
-registered, etcd's when it is down, a control plane container's when it is not running. A read
+registered or not Ready, etcd's when it is down, a control plane container's when it is not running. A read
 that fails leaves its part empty; only a node whose first call fails is reported ``unreachable``.
 """
 
@@ -293,9 +293,11 @@ async def _logs(
 ) -> dict[str, tuple[str, ...]]:
     """The last lines of what failed on ``node`` (see the module docstring)."""
     wanted: list[tuple[str, bool]] = []
-    registered = any(n.address == node.address for n in kube.nodes)
+    registered = [n for n in kube.nodes if n.address == node.address]
+    ready = any(n.ready == "True" for n in registered)
     kubelet = node.services.get("kubelet")
-    if kubelet is None or not kubelet.up or (kube.error is None and not registered):
+    # A kubelet that is down, never registered, or stopped reporting (NotReady) tells why in its log.
+    if kubelet is None or not kubelet.up or (kube.error is None and not ready):
         wanted.append(("kubelet", False))
     etcd = node.services.get("etcd")
     if node.control_plane and (etcd is None or not etcd.up):

@@ -347,6 +347,45 @@ def test_x509_unknown_authority_in_a_node_controller_errors() -> None:
     assert (found.id, found.node) == ("endpoint-other-cluster", CPS[1])
 
 
+X509_LINE = (
+    "E1124 14:55:01.123456    4242 certificate_manager.go:437] Failed while requesting a signed "
+    "certificate from the master: cannot create certificate signing request: Post "
+    '"https://10.6.0.1:6443/apis/certificates.k8s.io/v1/certificatesigningrequests": x509: '
+    "certificate signed by unknown authority"
+)
+
+
+def not_ready(evidence: Evidence, address: str) -> Evidence:
+    nodes = tuple(
+        dataclasses.replace(n, ready="Unknown", reason="NodeStatusUnknown", message="Kubelet stopped posting")
+        if n.address == address
+        else n
+        for n in evidence.kube.nodes
+    )
+    return with_kube(evidence, nodes=nodes)
+
+
+def test_x509_unknown_authority_in_the_kubelet_log_of_a_node_that_stopped_reporting() -> None:
+    # The node's kubelet was given another cluster's endpoint: its Node goes NotReady, and the
+    # cause is the kubelet's x509 error, not the pod network.
+    logs = {"kubelet": ("I1124 14:55:00.000001 4242 server.go:416] Version: v1.20.2", X509_LINE)}
+    evidence = with_node(not_ready(healthy(), WORKER), WORKER, logs=logs)
+    found = only(failing(evidence, health.NODES_READY, "worker-1: Ready Unknown"))
+    assert (found.id, found.node) == ("endpoint-other-cluster", WORKER)
+    assert "kubelet" in found.cause and "another cluster" in found.cause
+    assert f"log kubelet: {X509_LINE}" in found.evidence
+    assert f"kubeplane -n {WORKER} get machineconfig -o yaml" in found.commands
+
+
+def test_an_x509_error_the_kubelet_got_past_is_no_alarm() -> None:
+    # The error was fixed: newer lines pushed it out of the recent part of the log, so the
+    # NotReady node is the pod network's (node-not-ready), not another cluster's.
+    logs = {"kubelet": (X509_LINE, *(["I1124 14:56:00.000001 4242 kubelet.go:1] fine"] * 20))}
+    evidence = with_node(not_ready(healthy(), WORKER), WORKER, logs=logs)
+    found = only(failing(evidence, health.NODES_READY, "worker-1: Ready Unknown"))
+    assert (found.id, found.node) == ("node-not-ready", WORKER)
+
+
 @pytest.mark.parametrize("component", [diagnose.SCHEDULER, diagnose.CONTROLLER_MANAGER])
 def test_a_control_plane_component_not_running(component: str) -> None:
     pods = tuple(

@@ -107,9 +107,10 @@ class FakeNode:
 
 
 class FakeKube:
-    def __init__(self, *, tls_failure: bool = False) -> None:
+    def __init__(self, *, tls_failure: bool = False, cp_ready: str = "True") -> None:
         self.server = "https://10.5.0.1:6443"
         self.tls_failure = tls_failure
+        self.cp_ready = cp_ready
 
     async def __aenter__(self) -> FakeKube:
         return self
@@ -129,7 +130,7 @@ class FakeKube:
                     "metadata": {"name": "node-2"},
                     "status": {
                         "addresses": [{"type": "InternalIP", "address": CP}],
-                        "conditions": [{"type": "Ready", "status": "True"}],
+                        "conditions": [{"type": "Ready", "status": self.cp_ready}],
                     },
                 }
             ]
@@ -187,6 +188,14 @@ def test_gather_reads_nodes_and_the_kubernetes_api() -> None:
     assert nodes[WORKER].logs_read == ["kubelet"]
     assert found.nodes[WORKER].logs["kubelet"] == ("line 1", "line 2")
     assert nodes[CP].logs_read == []
+
+
+def test_the_kubelet_log_of_a_registered_node_that_is_not_ready_is_read() -> None:
+    # A kubelet that runs but stopped reporting (another cluster's endpoint, say) tells why in its log.
+    nodes = {CP: FakeNode(CP), WORKER: FakeNode(WORKER)}
+    found = gather(nodes, FakeKube(cp_ready="Unknown"))
+    assert nodes[CP].logs_read == ["kubelet"]
+    assert found.nodes[CP].logs["kubelet"] == ("line 1", "line 2")
 
 
 def test_an_unreachable_node_and_a_tls_failure() -> None:
