@@ -29,8 +29,10 @@ MUTATIONS = {
     "apply_configuration",
     "service_control",
     "reboot",
+    "reset",
     "bootstrap",
     "etcd_leave",
+    "etcd_remove_member",
     "etcd_forfeit_leadership",
     "image_pull",
     "client_certificate",
@@ -156,6 +158,10 @@ class FakeNode:
         self._record("reboot")
         return {"message": "rebooting"}
 
+    async def reset(self, *, graceful: bool, reboot: bool, wipe: str | None, dry_run: bool) -> dict[str, Any]:
+        self._record("reset")
+        return {"message": "reset"}
+
     async def bootstrap(
         self,
         *,
@@ -174,6 +180,10 @@ class FakeNode:
     async def etcd_leave(self, *, force: bool) -> dict[str, Any]:
         self._record("etcd_leave")
         return {"message": "left"}
+
+    async def etcd_remove_member(self, *, member: str) -> dict[str, Any]:
+        self._record("etcd_remove_member")
+        return {"message": f"removed {member}"}
 
     async def etcd_forfeit_leadership(self) -> dict[str, Any]:
         self._record("etcd_forfeit_leadership")
@@ -317,9 +327,11 @@ async def every_call(c: api.NodeClient) -> dict[str, Callable[[], Awaitable[Any]
         "ServiceStop": lambda: c.service_stop("etcd"),
         "ServiceRestart": lambda: c.service_restart("etcd"),
         "Reboot": c.reboot,
+        "Reset": lambda: c.reset(dry_run=True),
         "Bootstrap": c.bootstrap,
         "EtcdMembers": c.etcd_members,
         "EtcdLeave": c.etcd_leave,
+        "EtcdRemoveMember": lambda: c.etcd_remove_member("cp-2"),
         "EtcdForfeitLeadership": c.etcd_forfeit_leadership,
         "EtcdSnapshot": lambda: collect(c.etcd_snapshot()),
         "Kubeconfig": c.kubeconfig,

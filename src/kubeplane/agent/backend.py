@@ -226,6 +226,9 @@ class AgentBackend:
     async def reboot(self) -> dict[str, Any]:
         return await self._node.request_reboot()
 
+    async def reset(self, *, graceful: bool, reboot: bool, wipe: str | None, dry_run: bool) -> dict[str, Any]:
+        return await self._node.reset(graceful=graceful, reboot=reboot, wipe=wipe, dry_run=dry_run)
+
     # -- cluster formation and containers -------------------------------------------------
 
     async def bootstrap(
@@ -264,6 +267,10 @@ class AgentBackend:
 
     async def etcd_leave(self, *, force: bool) -> dict[str, Any]:
         result: dict[str, Any] = await self._node.etcd_call("leave", force=force)
+        return result
+
+    async def etcd_remove_member(self, *, member: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self._node.etcd_call("remove", member=member)
         return result
 
     async def etcd_forfeit_leadership(self) -> dict[str, Any]:

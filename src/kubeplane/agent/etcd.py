@@ -44,7 +44,7 @@ import shutil
 import ssl
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -390,15 +390,31 @@ class EtcdMember:
             ours = next((m for m in members if m.name == self.name), None)
             if ours is None:
                 raise EtcdRefused(f"node {self.name} is not an etcd member")
-            healthy = set()
-            for member in members:
-                for url in member.client_urls[:1]:
-                    with contextlib.suppress(client_errors.EtcdError):
-                        healthy.add((await client.status(url)).member_id)
+            healthy = await _healthy(client, members)
             refusal = etcd_rules.leave_refusal(members, leaving=ours.id, healthy=healthy)
             if refusal is not None and not force:
                 raise EtcdRefused(f"refusing to leave etcd: {refusal}; pass --force to leave anyway")
         return ours.id
+
+    async def remove_member(self, member: str) -> str:
+        """Remove another member, by name or hex ID: the cleanup after a node was reset without
+        leaving (``reset --graceful=false``) or was lost. Refused when it would cost the quorum."""
+        async with self.client() as client:
+            members = await client.member_list()
+            wanted = member.strip().lower()
+            target = next((m for m in members if m.name == member or f"{m.id:x}" == wanted), None)
+            if target is None:
+                known = ", ".join(f"{m.name or '(unstarted)'} ({m.id:x})" for m in members)
+                raise EtcdRefused(f"no etcd member {member!r}; the members are {known}")
+            if target.name == self.name:
+                raise EtcdRefused(f"{member} is this node: use `etcd leave` on it instead")
+            refusal = etcd_rules.leave_refusal(
+                members, leaving=target.id, healthy=await _healthy(client, members)
+            )
+            if refusal is not None:
+                raise EtcdRefused(f"refusing to remove member {member}: {refusal}")
+            await client.member_remove(target.id)
+        return f"removed etcd member {target.name or '(unstarted)'} ({target.id:x})"
 
     async def remove_self(self, member_id: int) -> None:
         async with self.client() as client:
@@ -505,3 +521,13 @@ async def promote(client: etcd_client.EtcdClient, member_id: int) -> None:
 
 def _describe(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
+async def _healthy(client: etcd_client.EtcdClient, members: Sequence[etcd_client.Member]) -> set[int]:
+    """The IDs of the members that answer a status request on their first client URL."""
+    healthy = set()
+    for member in members:
+        for url in member.client_urls[:1]:
+            with contextlib.suppress(client_errors.EtcdError):
+                healthy.add((await client.status(url)).member_id)
+    return healthy

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import datetime
 import fcntl
 import functools
@@ -26,7 +27,7 @@ import logging
 import re
 import socket
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from cryptography.x509.oid import NameOID
 from kubeplane import api, config, pki, resources
 from kubeplane.agent import containers as node_containers
 from kubeplane.agent import controllers, selfhosted
+from kubeplane.agent import reset as node_reset
 from kubeplane.agent import services as node_services
 from kubeplane.agent.backend import AgentBackend
 from kubeplane.agent.etcd import EtcdMember, EtcdRefused
@@ -541,6 +543,99 @@ class Node:
             assert document is not None
             await self._boot(document)
 
+    # -- reset ------------------------------------------------------------------------------
+
+    async def reset(self, *, graceful: bool, reboot: bool, wipe: str | None, dry_run: bool) -> dict[str, Any]:
+        """Leave the cluster and wipe the node (see :mod:`kubeplane.agent.reset`).
+
+        Graceful (a control plane node that is an etcd member): the leave is checked first and a
+        reset that would cost etcd its quorum is refused before anything changes; then leadership
+        moves away and the member is removed. Cordoning and draining the Kubernetes node, and
+        deleting its Node object afterwards, are the caller's (the CLI's): they need cluster
+        credentials a worker does not hold. Not graceful: no leave, for a node whose cluster is
+        broken (remove its member later from a healthy node).
+
+        The services stop and the wipe happens before the reply, so the caller knows the kubelet
+        is gone; then the node reboots (back in maintenance mode when its state was wiped) or,
+        without ``reboot``, the agent stops.
+        """
+        if self.maintenance:
+            raise api.FailedPreconditionError(
+                f"node {self.name} is in maintenance mode: there is nothing to reset"
+            )
+        try:
+            labels = node_reset.parse_labels(wipe)
+        except node_reset.UnknownLabel as exc:
+            raise api.InvalidArgumentError(str(exc), fields=[("wipe", str(exc))]) from exc
+        async with self._lock:
+            etcd = self.services.etcd if self.services is not None else None
+            member_id: int | None = None
+            if graceful and etcd is not None:
+                try:
+                    member_id = await etcd.leave_plan(force=False)
+                except EtcdRefused as exc:
+                    if "is not an etcd member" not in str(exc):
+                        message = f"refusing a graceful reset of {self.name}: {exc}"
+                        raise api.FailedPreconditionError(message) from exc
+                except client_errors.EtcdError as exc:
+                    raise api.UnavailableError(
+                        f"etcd on {self.name} does not answer ({exc}): a graceful reset must leave etcd "
+                        "first; reset with --graceful=false and remove the member from a healthy node after"
+                    ) from exc
+            summary = {
+                "hostname": self.name,
+                "leaves_etcd": member_id is not None,
+                "wipe": list(labels),
+                "then": "reboot" if reboot else "stop",
+            }
+            if dry_run:
+                return {**summary, "message": f"dry run: {self._reset_text(summary)}"}
+            self.events.emit("sequence", "reset", f"resetting: {self._reset_text(summary)}")
+            if etcd is not None and member_id is not None:
+                with contextlib.suppress(EtcdRefused, client_errors.EtcdError):
+                    log.info("reset: %s", await etcd.forfeit_leadership())
+                try:
+                    await etcd.remove_self(member_id)
+                except client_errors.EtcdError as exc:
+                    message = f"etcd on {self.name}: removing member {member_id:x}: {exc}"
+                    raise api.UnavailableError(message) from exc
+                log.info("reset: left etcd (member %x)", member_id)
+            await self._halt()
+            left = await asyncio.to_thread(node_reset.wipe, node_reset.directories(self.paths, labels))
+            for message in left:
+                log.warning("reset: %s", message)
+        self._after_reply(functools.partial(self._after_reset, reboot=reboot))
+        text = self._reset_text(summary)
+        self.events.emit("sequence", "reset", f"reset done: {text}")
+        return {**summary, "left": left, "message": f"node {self.name} reset: {text}"}
+
+    @staticmethod
+    def _reset_text(summary: Mapping[str, Any]) -> str:
+        leave = "leave etcd, " if summary["leaves_etcd"] else ""
+        then = "reboot" if summary["then"] == "reboot" else "stop the agent"
+        return f"{leave}stop the services, wipe {', '.join(summary['wipe'])}, then {then}"
+
+    async def _after_reset(self, *, reboot: bool) -> None:
+        if not reboot:
+            self.stop()
+            return
+        async with self._lock:
+            if self._server is not None:
+                await self._server.stop(grace=1.0)
+                self._server = None
+            document = await asyncio.to_thread(self.store.current)
+            if document is not None:
+                await self._boot(document)
+                return
+            if self._trustd is not None:
+                await self._trustd.stop()
+                self._trustd = None
+            self.maintenance = True
+            self.events.emit("sequence", "maintenance", "reset: waiting for apply-config --insecure")
+            self._server = await api.serve_maintenance(
+                backend=self._backend, node=self.name, listen=self.listen
+            )
+
     # -- logs and services --------------------------------------------------------------------
 
     async def logs(self, *, service: str, tail: int | None, follow: bool) -> AsyncIterator[str]:
@@ -631,6 +726,8 @@ class Node:
                 return await etcd.members()
             if operation == "forfeit":
                 return {"message": await etcd.forfeit_leadership()}
+            if operation == "remove":
+                return {"message": await etcd.remove_member(kwargs["member"])}
             if operation == "leave":
                 member_id = await etcd.leave_plan(force=kwargs["force"])
                 await etcd.remove_self(member_id)

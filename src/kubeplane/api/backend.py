@@ -108,6 +108,11 @@ class NodeBackend(Protocol):
         """Restart the node's services in order, applying a staged config; returns a message."""
         ...
 
+    async def reset(self, *, graceful: bool, reboot: bool, wipe: str | None, dry_run: bool) -> Document:
+        """Leave etcd (graceful), stop the services and wipe the labelled state, then reboot or
+        stop; refused, changing nothing, when a graceful leave would cost etcd its quorum."""
+        ...
+
     async def bootstrap(
         self,
         *,
@@ -130,6 +135,10 @@ class NodeBackend(Protocol):
 
     async def etcd_leave(self, *, force: bool) -> Document:
         """Remove this node from etcd, stop etcd and wipe its data; refused when it would lose quorum."""
+        ...
+
+    async def etcd_remove_member(self, *, member: str) -> Document:
+        """Remove another etcd member (name or hex ID); refused when it would lose quorum."""
         ...
 
     async def etcd_forfeit_leadership(self) -> Document:

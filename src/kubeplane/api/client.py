@@ -26,6 +26,8 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT = 15.0
 #: Applying a config validates, diffs and persists it; give it longer than a read.
 APPLY_TIMEOUT = 60.0
+#: A reset leaves etcd and stops every service (containers killed) before it answers.
+RESET_TIMEOUT = 180.0
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,15 @@ class NodeClient:
         """Restart the node's services, applying a staged config (admin only)."""
         return await self.call("Reboot", timeout=APPLY_TIMEOUT)
 
+    async def reset(
+        self, *, graceful: bool = True, reboot: bool = False, wipe: str | None = None, dry_run: bool = False
+    ) -> list[Reply[wire.Document]]:
+        """Leave the cluster and wipe the node (admin only); see :meth:`kubeplane.agent.node.Node.reset`."""
+        params: dict[str, Any] = {"graceful": graceful, "reboot": reboot, "dry_run": dry_run}
+        if wipe is not None:
+            params["wipe"] = wipe
+        return await self.call("Reset", params, timeout=RESET_TIMEOUT)
+
     async def bootstrap(
         self,
         *,
@@ -289,6 +300,10 @@ class NodeClient:
     async def etcd_leave(self, *, force: bool = False) -> list[Reply[wire.Document]]:
         """Leave etcd and wipe its data (admin only)."""
         return await self.call("EtcdLeave", {"force": force}, timeout=APPLY_TIMEOUT)
+
+    async def etcd_remove_member(self, member: str) -> list[Reply[wire.Document]]:
+        """Remove another etcd member by name or hex ID (admin only)."""
+        return await self.call("EtcdRemoveMember", {"member": member}, timeout=APPLY_TIMEOUT)
 
     async def etcd_forfeit_leadership(self) -> list[Reply[wire.Document]]:
         """Move etcd leadership away from the node (admin only)."""

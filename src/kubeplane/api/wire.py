@@ -324,6 +324,17 @@ CALLS: tuple[Call, ...] = (
         for action in SERVICE_ACTIONS
     ),
     Call("Reboot", "reboot", access="admin"),
+    Call(
+        "Reset",
+        "reset",
+        params=(
+            Param("graceful", bool, default=True),
+            Param("reboot", bool, default=False),
+            Param("wipe", str, max_length=256),
+            Param("dry_run", bool, default=False),
+        ),
+        access="admin",
+    ),
     # Cluster formation (etcd, bootstrap) and the node's CRI containers.
     Call(
         "Bootstrap",
@@ -338,6 +349,12 @@ CALLS: tuple[Call, ...] = (
     ),
     Call("EtcdMembers", "etcd_members", access="admin"),
     Call("EtcdLeave", "etcd_leave", params=(Param("force", bool, default=False),), access="admin"),
+    Call(
+        "EtcdRemoveMember",
+        "etcd_remove_member",
+        params=(Param("member", str, required=True, max_length=256),),
+        access="admin",
+    ),
     Call("EtcdForfeitLeadership", "etcd_forfeit_leadership", access="admin"),
     Call("EtcdSnapshot", "etcd_snapshot", stream=True, access="admin"),
     Call("Kubeconfig", "kubeconfig", access="admin"),

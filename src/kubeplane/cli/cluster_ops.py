@@ -167,6 +167,18 @@ def leave(*, force: bool) -> None:
     _print_messages(connect.with_client(target, lambda c: c.etcd_leave(force=force)), connect.Outcome())
 
 
+@etcd.command("remove-member")
+@click.argument("member")
+def remove_member(*, member: str) -> None:
+    """Remove another node's etcd member (by name or hex ID), e.g. after `reset --graceful=false`.
+
+    Run it on a healthy control plane node; refused when the remaining members would lose quorum.
+    """
+    target = connect.resolve(connect.options())
+    _one_node(target, "etcd remove-member")
+    _print_messages(connect.with_client(target, lambda c: c.etcd_remove_member(member)), connect.Outcome())
+
+
 @etcd.command("forfeit-leadership")
 def forfeit_leadership() -> None:
     """Move etcd leadership away from this node."""

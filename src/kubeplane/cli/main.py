@@ -35,6 +35,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "kubeplane.cli.upgrade": ("upgrade-k8s",),
     "kubeplane.cli.convert": ("convert-k8s",),
     "kubeplane.cli.certs": ("certs",),
+    "kubeplane.cli.reset": ("reset",),
 }  # fmt: skip
 _FAMILY_OF = {command: family for family, commands in FAMILIES.items() for command in commands}
 

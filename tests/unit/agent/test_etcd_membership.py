@@ -65,6 +65,8 @@ class FakeEtcd:
     #: Promotions etcd refuses before the learner counts as caught up.
     behind: int = 0
     next_id: int = 0x100
+    #: Members whose status requests fail (stopped).
+    down: set[int] = dataclasses.field(default_factory=set)
     calls: list[tuple[str, str, dict[str, Any]]] = dataclasses.field(default_factory=list)
 
     def member(self, member_id: int) -> FakeMember | None:
@@ -78,8 +80,12 @@ class FakeEtcd:
         if host == LOCAL and path == "/v3/maintenance/status":
             assert local is not None, "no etcd runs on this node yet"
             return ok({"header": {"member_id": str(local.id)}, "isLearner": local.learner, "leader": "1"})
-        if path == "/v3/maintenance/status" and host != LOCAL:  # a voting member, the leader
-            return ok({"header": {"member_id": "1"}, "isLearner": False, "leader": "1"})
+        if path == "/v3/maintenance/status" and host != LOCAL:  # a voting member; 1 leads
+            answering = next((m for m in self.members if f"//{host}:" in m.peer), None)
+            if answering is not None and answering.id in self.down:
+                return failure(14, "connection refused")
+            member_id = answering.id if answering is not None else 1
+            return ok({"header": {"member_id": str(member_id)}, "isLearner": False, "leader": "1"})
         if host == LOCAL and local is not None and local.learner:
             return failure(14, "etcdserver: rpc not supported for learner")
         if path == "/v3/kv/range":
@@ -324,3 +330,33 @@ def test_the_client_tls_context_is_built_once_and_again_after_a_rotation(tmp_pat
     rotated = member.tls()
     assert rotated is not first
     assert member.tls() is rotated
+
+
+def test_remove_member_removes_another_member_by_name_or_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cleanup after `reset --graceful=false` of cp3, run on cp2.
+    cp3 = FakeMember(7, "cp3", etcd_rules.peer_url("10.5.0.4"))
+    fake = cluster(FakeMember(9, "cp2", PEER), cp3)
+    member = etcd_member(tmp_path, fake, monkeypatch)
+    assert asyncio.run(member.remove_member("7")) == "removed etcd member cp3 (7)"
+    assert [m.name for m in fake.members] == ["cp1", "cp2"]
+    with pytest.raises(
+        agent_etcd.EtcdRefused, match=r"no etcd member 'cp3'; the members are cp1 \(1\), cp2 \(9\)"
+    ):
+        asyncio.run(member.remove_member("cp3"))
+    with pytest.raises(agent_etcd.EtcdRefused, match="cp2 is this node: use `etcd leave` on it instead"):
+        asyncio.run(member.remove_member("cp2"))
+
+
+def test_remove_member_refuses_to_cost_the_quorum(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # cp1 is down: removing cp3 would leave cp1 and cp2 with one healthy, below the quorum of 2.
+    cp3 = FakeMember(7, "cp3", etcd_rules.peer_url("10.5.0.4"))
+    fake = cluster(FakeMember(9, "cp2", PEER), cp3)
+    fake.down = {1}
+    member = etcd_member(tmp_path, fake, monkeypatch)
+    with pytest.raises(
+        agent_etcd.EtcdRefused, match=r"refusing to remove member cp3: .*below the quorum of 2"
+    ):
+        asyncio.run(member.remove_member("cp3"))
+    assert len(fake.members) == 3

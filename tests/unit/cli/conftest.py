@@ -223,6 +223,13 @@ class FakeNode:
         self.calls.append(f"service_{action}")
         return {"message": f"service {id!r}: {action} requested"}
 
+    async def reset(self, *, graceful: bool, reboot: bool, wipe: str | None, dry_run: bool) -> dict[str, Any]:
+        """A worker's reset: the fake leaves no etcd; it records what it was asked."""
+        self.calls.append(f"reset graceful={graceful} reboot={reboot} wipe={wipe} dry_run={dry_run}")
+        summary = {"hostname": f"host-{self.name}", "leaves_etcd": False, "wipe": (wipe or "").split(",")}
+        text = f"stop the services, wipe {wipe}, then {'reboot' if reboot else 'stop the agent'}"
+        return {**summary, "message": f"dry run: {text}" if dry_run else f"node {self.name} reset: {text}"}
+
     async def reboot(self) -> dict[str, Any]:
         self.calls.append("reboot")
         if self.staged is not None:

@@ -1,0 +1,174 @@
+"""e2e: ``kubeplane reset`` of a control plane node of the shared 3+1 cluster, and its rejoin.
+
+As the third seed's "Resetting a Machine" guide runs it, with our CLI:
+
+1. refused: with etcd stopped on another control plane node, a graceful reset would leave two
+   members of which one is healthy, below the quorum of two: the reset is refused before anything
+   changed (the node is not even cordoned), naming the reason;
+2. graceful ``reset --reboot`` of the third control plane node: a workload that preferred that
+   node moves to another one, etcd has two voting members, the Node object is gone, the API
+   answers through the endpoint, and the node waits in maintenance mode;
+3. rejoin: the same machine gets its config back with ``apply-config --insecure`` and comes back
+   as a new etcd member; ``health`` passes (test_upgrade.py runs on this cluster next and needs
+   three voters).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import yaml
+from e2e_clients import wait_until
+
+if TYPE_CHECKING:
+    from conftest import E2ECluster
+
+pytestmark = pytest.mark.e2e
+
+AGNHOST = "k8s.gcr.io/e2e-test-images/agnhost:2.21"
+
+
+def voters(cluster: E2ECluster, node: str) -> set[str]:
+    result = cluster.cli("-n", node, "etcd", "members", "-o", "json")
+    if result.returncode != 0:
+        return set()
+    members = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    return {m["name"] for m in members if not m["learner"]}
+
+
+def etcd_healthy(cluster: E2ECluster, node: str) -> bool:
+    result = cluster.cli("-n", node, "service", "etcd", "-o", "json")
+    if result.returncode != 0:
+        return False
+    document = json.loads(result.stdout.splitlines()[0])
+    return bool(document.get("running") and document["health"]["healthy"])
+
+
+def hostname_of(cluster: E2ECluster, node: str) -> str:
+    result = cluster.cli("-n", node, "get", "nodeaddresses", "-o", "json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return str(json.loads(result.stdout.splitlines()[0])["spec"]["hostname"])
+
+
+def workload(preferred: str) -> str:
+    """A Deployment whose pod prefers ``preferred`` (and tolerates the control plane taints)."""
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [preferred]}]}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "moving", "namespace": "default"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "moving"}},
+            "template": {
+                "metadata": {"labels": {"app": "moving"}},
+                "spec": {
+                    "tolerations": [{"operator": "Exists"}],
+                    "affinity": {
+                        "nodeAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                {"weight": 100, "preference": term}
+                            ]
+                        }
+                    },
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "pause", "image": AGNHOST, "args": ["pause"]}],
+                },
+            },
+        },
+    }
+    return yaml.safe_dump(deployment)
+
+
+def ready_pod_node(cluster: E2ECluster) -> str | None:
+    result = cluster.kubectl("get", "pods", "-l", "app=moving", "-o", "json")
+    if result.returncode != 0:
+        return None
+    for pod in json.loads(result.stdout)["items"]:
+        conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+        if conditions.get("Ready") == "True" and not pod["metadata"].get("deletionTimestamp"):
+            return str(pod["spec"]["nodeName"])
+    return None
+
+
+def test_reset_refuses_to_break_quorum_then_resets_and_the_node_rejoins(
+    cluster_3cp1w: E2ECluster, tmp_path: Path
+) -> None:
+    cluster = cluster_3cp1w
+    first, second, node = cluster.control_plane
+    host = hostname_of(cluster, node)
+    assert voters(cluster, first) == {hostname_of(cluster, cp) for cp in cluster.control_plane}
+
+    # The config to give the machine back (the admin may read it whole, secrets included).
+    shown = cluster.cli("-n", node, "get", "mc", "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    saved = tmp_path / "controlplane.yaml"
+    saved.write_text(yaml.safe_dump(json.loads(shown.stdout.splitlines()[0])["spec"], sort_keys=False))
+
+    # 1. Refused while it would cost the quorum.
+    stopped = cluster.cli("-n", second, "service", "etcd", "stop")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    try:
+        refused = cluster.cli("-n", node, "reset", "--reboot", timeout=300)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert f"refusing a graceful reset of {host}" in refused.stderr, refused.stderr
+        assert "below the quorum of 2" in refused.stderr, refused.stderr
+        spec = json.loads(cluster.kubectl("get", "node", host, "-o", "json").stdout)["spec"]
+        assert not spec.get("unschedulable"), "a refused reset must not cordon the node"
+    finally:
+        started = cluster.cli("-n", second, "service", "etcd", "start")
+        assert started.returncode == 0, started.stdout + started.stderr
+        wait_until("etcd on the second node to be healthy again", lambda: etcd_healthy(cluster, second))
+
+    # 2. A graceful reset with a workload on the node.
+    applied = subprocess.run(
+        [*cluster.kubectl_argv(), "apply", "-f", "-"],
+        input=workload(host),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert applied.returncode == 0, applied.stderr
+    try:
+        wait_until(f"the workload to run on {host}", lambda: ready_pod_node(cluster) == host, timeout=180)
+        started_at = time.monotonic()
+        result = cluster.cli("-n", node, "reset", "--reboot", timeout=600)
+        took = time.monotonic() - started_at
+        print(f"reset of {host}: {took:.1f}s\n{result.stdout}")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"node {host}: cordoned, evicted" in result.stdout and "default/moving-" in result.stdout
+        assert (
+            f"is in maintenance mode: give it a config with `kubeplane apply-config --insecure -n {node}"
+            in (result.stdout)
+        )
+
+        assert voters(cluster, first) == {hostname_of(cluster, first), hostname_of(cluster, second)}
+        gone = cluster.kubectl("get", "node", host)
+        assert gone.returncode != 0 and "NotFound" in gone.stderr, gone.stdout + gone.stderr
+        readyz = cluster.kubectl("get", "--raw", "/readyz")
+        assert readyz.returncode == 0 and readyz.stdout.strip() == "ok", readyz.stdout + readyz.stderr
+        wait_until("the workload to run on another node", lambda: ready_pod_node(cluster) not in (None, host))
+        waiting = cluster.cli("apply-config", "--insecure", "-n", node, "--file", str(saved), "--dry-run")
+        assert waiting.returncode == 0, waiting.stdout + waiting.stderr
+        assert "the node would leave maintenance mode with this config" in waiting.stdout, waiting.stdout
+    finally:
+        cluster.kubectl("delete", "deployment", "moving", "--wait=false")
+
+    # 3. The same machine rejoins with its config.
+    started_at = time.monotonic()
+    rejoin = cluster.cli("apply-config", "--insecure", "-n", node, "--file", str(saved), timeout=120)
+    assert rejoin.returncode == 0, rejoin.stdout + rejoin.stderr
+    wait_until(
+        "the node to be an etcd voter again",
+        lambda: voters(cluster, first) == {hostname_of(cluster, cp) for cp in (first, second)} | {host},
+        timeout=300,
+    )
+    health = cluster.cli("health", "--wait-timeout", "5m", timeout=400)
+    assert health.returncode == 0, health.stdout + health.stderr
+    print(f"rejoin of {host}: healthy after {time.monotonic() - started_at:.1f}s")
