@@ -11,6 +11,7 @@ last in this module and leave it healthy.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -276,8 +277,14 @@ def test_extra_args_patch_rolls_only_kube_apiserver(cluster_1cp1w: E2ECluster) -
     assert health.returncode == 0, health.stdout + health.stderr
 
 
+#: Network namespaces the integration tier makes and removes while this tier runs beside it
+#: (scripts/test-tiers): ``kpt-XXXX`` and the local-cluster network test's ``kp-kptXXXXXX-*``.
+_OTHER_TIER_NETNS = re.compile(r"/run/netns/(kpt-|kp-kpt)")
+
+
 def _host_mount_points() -> set[str]:
-    return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+    points = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+    return {point for point in points if not _OTHER_TIER_NETNS.match(point)}
 
 
 def test_nodes_are_machines_and_a_reboot_touches_nothing_outside_the_node(cluster_1cp1w: E2ECluster) -> None:
