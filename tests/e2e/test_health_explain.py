@@ -118,7 +118,7 @@ def wait_for_diagnosis(
 
     try:
         wait_until(f"health --explain to diagnose {diagnosis} on {node}", reported, timeout=timeout)
-    except AssertionError:
+    except (AssertionError, pytest.fail.Exception):
         print(json.dumps(last.get("diagnoses"), indent=2))
         raise
     return found[0]
@@ -131,10 +131,12 @@ def _machine_config(cluster: E2ECluster, node: str) -> dict[str, Any]:
     return spec
 
 
-def _patch(cluster: E2ECluster, node: str, path: str, value: Any) -> None:
-    """Set (or, with ``value`` None, remove) ``path`` in ``node``'s machine config, live."""
+def _patch(cluster: E2ECluster, node: str, path: str, value: Any, *, immediate: bool = True) -> None:
+    """Set (or, with ``value`` None, remove) ``path`` in ``node``'s machine config: live, or with
+    the node's services restarted on the new config (``immediate=False``, the default mode)."""
     op = {"op": "remove", "path": path} if value is None else {"op": "add", "path": path, "value": value}
-    result = cluster.cli("-n", node, "patch", "mc", "--immediate", "-p", json.dumps([op]))
+    mode = ["--immediate"] if immediate else []
+    result = cluster.cli("-n", node, "patch", "mc", *mode, "-p", json.dumps([op]))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -174,16 +176,14 @@ def _in_node(cluster: E2ECluster, address: str, script: str) -> None:
     subprocess.run(["nsenter", "-t", str(pid), "-m", "sh", "-c", script], check=True, timeout=30)
 
 
-def _rejoin_kubelet(cluster: E2ECluster, node: str) -> None:
-    """Restart ``node``'s kubelet without its client certificate: it joins again through the
-    control plane endpoint of the node's machine config (TLS bootstrap with the token)."""
-    for action in ("stop", "start"):
-        if action == "start":
-            _in_node(
-                cluster, node, "rm -f /etc/kubernetes/kubelet.conf /var/lib/kubelet/pki/kubelet-client-*"
-            )
-        result = cluster.cli("-n", node, "service", "kubelet", action)
-        assert result.returncode == 0, result.stdout + result.stderr
+def _rejoin_with_endpoint(cluster: E2ECluster, node: str, endpoint: str) -> None:
+    """Give ``node`` the control plane ``endpoint`` and make its kubelet join again through it: the
+    kubelet stopped and its client certificate removed, then the config applied in the default
+    mode (the node's services restart on it, and the kubelet bootstraps with the token)."""
+    stopped = cluster.cli("-n", node, "service", "kubelet", "stop")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    _in_node(cluster, node, "rm -f /etc/kubernetes/kubelet.conf /var/lib/kubelet/pki/kubelet-client-*")
+    _patch(cluster, node, "/cluster/controlPlane/endpoint", endpoint, immediate=False)
 
 
 def test_endpoint_of_another_cluster_is_diagnosed_on_the_node(
@@ -192,12 +192,10 @@ def test_endpoint_of_another_cluster_is_diagnosed_on_the_node(
     # The guide's x509 case: a node given the endpoint of another cluster (here the shared 3+1
     # cluster's load balancer) joins with its own cluster's CA, so TLS to that endpoint fails.
     worker = cluster_1cp1w.workers[0]
-    path = "/cluster/controlPlane/endpoint"
     before = _machine_config(cluster_1cp1w, worker)["cluster"]["controlPlane"]["endpoint"]
     assert before != cluster_3cp1w.endpoint
-    _patch(cluster_1cp1w, worker, path, cluster_3cp1w.endpoint)
     try:
-        _rejoin_kubelet(cluster_1cp1w, worker)
+        _rejoin_with_endpoint(cluster_1cp1w, worker, cluster_3cp1w.endpoint)
         found = wait_for_diagnosis(cluster_1cp1w, "endpoint-other-cluster", worker)
         assert "another cluster" in found["cause"]
         assert any(
@@ -209,6 +207,5 @@ def test_endpoint_of_another_cluster_is_diagnosed_on_the_node(
         _, document, _ = explain(cluster_1cp1w)
         assert "node-not-ready" not in {d["id"] for d in document["diagnoses"]}, document["diagnoses"]
     finally:
-        _patch(cluster_1cp1w, worker, path, before)
-        _rejoin_kubelet(cluster_1cp1w, worker)
+        _rejoin_with_endpoint(cluster_1cp1w, worker, before)
         _healthy_again(cluster_1cp1w)

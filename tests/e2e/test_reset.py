@@ -68,7 +68,12 @@ def workload(preferred: str) -> str:
             "template": {
                 "metadata": {"labels": {"app": "moving"}},
                 "spec": {
-                    "tolerations": [{"operator": "Exists"}],
+                    # The control plane taints only: a pod tolerating every taint would also
+                    # tolerate the cordon's (node.kubernetes.io/unschedulable) and come back.
+                    "tolerations": [
+                        {"key": key, "operator": "Exists", "effect": "NoSchedule"}
+                        for key in ("node-role.kubernetes.io/master", "node-role.kubernetes.io/control-plane")
+                    ],
                     "affinity": {
                         "nodeAffinity": {
                             "preferredDuringSchedulingIgnoredDuringExecution": [

@@ -60,7 +60,7 @@ _UNKNOWN_AUTHORITY = ("certificate signed by unknown authority", "CERTIFICATE_VE
 #: any line with an error word.
 _ERROR_START = re.compile(r"[EF]\d{4} |(error|fatal|panic)\b", re.IGNORECASE)
 _ERROR_WORD = re.compile(r"\b(error|fatal|panic|failed|unknown flag|refused)\b", re.IGNORECASE)
-_KUBE_CHECKS = (health.NODES_READY, health.STATIC_PODS_READY, health.API_ENDPOINT)
+_KUBE_CHECKS = (health.NODES_READY, health.STATIC_PODS_READY, health.API_ENDPOINT, health.CLUSTER_DNS)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,8 +38,9 @@ from kubeplane.ops import diagnose, health
 #: Seconds of controller events read per node.
 EVENT_WINDOW = 120
 #: Log lines read per failing service or container: enough to reach back past a usage text to
-#: the error a process printed before it (the diagnosis picks the error lines).
-LOG_TAIL = 300
+#: the error a process printed before it (the diagnosis picks the error lines); v1.20's
+#: kube-controller-manager prints 334 lines of usage after a bad flag.
+LOG_TAIL = 1000
 #: Relative to the node root: the kubelet manifest directory and the etcd bootstrap marker.
 MANIFEST_DIR = "etc/kubernetes/manifests"
 BOOTSTRAP_MARKER = "system/etcd-bootstrap"

@@ -241,8 +241,11 @@ def test_an_error_on_the_server_with_kube_apiserver_exited() -> None:
     )
     evidence = with_kube(evidence, readyz=500, readyz_body="[-]etcd failed")
     evidence = failing(evidence, health.API_ENDPOINT, "https://10.5.0.1:6443/readyz answered HTTP 500")
+    # The cluster DNS check fails too (it asks the API): explained by the same diagnosis.
+    evidence = failing(evidence, health.CLUSTER_DNS, "KubeUnavailable: GET .../services/kube-dns")
     found = only(evidence)
     assert (found.id, found.node) == ("apiserver-not-running", CPS[0])
+    assert health.CLUSTER_DNS in found.checks
     assert f"container {ref}: STOPPED" in found.evidence
     assert f"log {ref}: Error: unknown flag: --bogus" in found.evidence
     assert f"kubeplane -n {CPS[0]} logs -k {ref}" in found.commands
