@@ -48,6 +48,7 @@ from kubeplane.config.machine_files import DEFAULT_PERMISSIONS
 from kubeplane.config.models import File
 
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIRECTORY_MODE = 0o755
 _RECORD_VERSION = 1
 
 
@@ -176,9 +177,11 @@ def _open_parent(root: Path, path: str, *, create: bool) -> int | None:
     try:
         for part in path.strip("/").split("/")[:-1]:
             walked += "/" + part
+            made = False
             if create:
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o755, dir_fd=fd)
+                    os.mkdir(part, _DIRECTORY_MODE, dir_fd=fd)
+                    made = True
             try:
                 child = os.open(part, _DIRECTORY, dir_fd=fd)
             except FileNotFoundError:
@@ -194,6 +197,8 @@ def _open_parent(root: Path, path: str, *, create: bool) -> int | None:
                         "through a symlink",
                     ) from exc
                 raise
+            if made:
+                os.fchmod(child, _DIRECTORY_MODE)  # the umask may have removed bits
             os.close(fd)
             fd = child
     except BaseException:
@@ -214,10 +219,14 @@ def _read(directory: int, name: str, path: str) -> tuple[bytes, int] | None:
             message = f"{path} is a symlink; machine.files never writes through one"
             raise UnsafePathError(exc.errno, message) from exc
         raise
-    with os.fdopen(fd, "rb") as handle:
-        status = os.fstat(handle.fileno())
+    try:
+        status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
             raise UnsafePathError(errno.EINVAL, f"{path} exists and is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as handle:
         return handle.read(), stat.S_IMODE(status.st_mode)
 
 
