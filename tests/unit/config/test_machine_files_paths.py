@@ -80,7 +80,8 @@ def test_the_refusal_names_the_allowed_places() -> None:
 
 
 def test_only_appends_may_share_a_path() -> None:
-    appends = [{"content": f"{n}\n", "path": "/etc/ssl/certs/ca-certificates.crt", "op": "append"} for n in (1, 2)]
+    bundle = "/etc/ssl/certs/ca-certificates.crt"
+    appends = [{"content": f"{n}\n", "path": bundle, "op": "append"} for n in (1, 2)]
     assert config.load(document(*appends)).model.machine.files is not None
     errors = errors_of(
         document(
