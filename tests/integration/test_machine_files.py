@@ -1,6 +1,6 @@
 """machine.files on a machine node: written before containerd starts, the containerd guide's
 ``/var/cri/conf.d`` metrics fragment served by a real containerd, and an append to the CA bundle
-made once across two boots without touching the host's bundle.
+made once across two boots (Debian's bundle and the guide's path) without touching the host's.
 
 The node is a machine (:mod:`machines`) running the agent's own containerd service (its spec from
 ``NodeServices``, run by the supervisor), not a whole agent: the kubelet and the API are not
@@ -33,6 +33,8 @@ pytestmark = pytest.mark.integration
 
 METRICS_PORT = 11234
 BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+#: The certificate authorities guide's path (Go programs such as containerd read every file there).
+GUIDE_BUNDLE = "/etc/ssl/certs/ca-certificates"
 EXTRA_CA = "-----BEGIN CERTIFICATE-----\nTEST-ONLY-NOT-A-CA\n-----END CERTIFICATE-----\n"
 
 #: Runs inside the machine: the agent's containerd service at root /, until killed.
@@ -71,6 +73,7 @@ def worker_config() -> str:
             "op": "create",
         },
         {"content": EXTRA_CA, "permissions": 0o644, "path": BUNDLE, "op": "append"},
+        {"content": EXTRA_CA, "permissions": 0o644, "path": GUIDE_BUNDLE, "op": "append"},
     ]
     return yaml.safe_dump(document)
 
@@ -120,3 +123,5 @@ def test_machine_files_are_written_before_containerd_which_serves_the_conf_d_met
     assert node_bundle.endswith(EXTRA_CA.encode())
     assert hashlib.sha256(Path(BUNDLE).read_bytes()).digest() == hashlib.sha256(host_bundle).digest()
     assert (node_root / "var/cri/conf.d/metrics.toml").stat().st_mode & 0o777 == 0o644
+    assert (node_root / GUIDE_BUNDLE.lstrip("/")).read_bytes() == EXTRA_CA.encode()
+    assert not Path(GUIDE_BUNDLE).exists() or Path(GUIDE_BUNDLE).read_bytes() != EXTRA_CA.encode()
