@@ -7,10 +7,12 @@ containers down as a powered-off machine would (kubelet first, then every contai
 through containerd, then containerd, its shims and pods by cgroup membership, the mounts its
 services made, and its cgroups: only what it owns, see :mod:`kubeplane.agent.owned`).
 
-- ``containerd``: config rendered from ``machine.registries`` with the sandbox image, plus an
-  ``imports`` line for ``etc/containerd/conf.d/*.toml`` (containerd merges those fragments
-  itself, as the containerd guide describes); own socket, root and state under the node root.
-  Healthy when ``ctr version`` answers on its socket.
+- ``containerd``: first writes ``machine.files`` (:mod:`kubeplane.agent.machine_files`); config
+  rendered from ``machine.registries`` with the sandbox image, plus an ``imports`` line for the
+  guide's ``/var/cri/conf.d/*.toml`` (containerd merges those fragments itself; a fragment's
+  ``[plugins."X"]`` section replaces the whole generated section of plugin X, containerd's rule);
+  own socket, root and state under the node root. Healthy when ``ctr version`` answers on its
+  socket.
 - ``kubelet`` (after containerd is up): TLS bootstrapping with ``cluster.token`` against the
   control plane endpoint, the read-only port 10255 (the static pod status controller reads
   ``/pods`` there), CNI bridge config, its own cgroup root. Images come through the registry
@@ -41,7 +43,7 @@ import httpx
 import yaml
 
 from kubeplane import config, fileio, pki, resources
-from kubeplane.agent import owned
+from kubeplane.agent import machine_files, owned
 from kubeplane.agent.etcd import EtcdMember, cluster_admin_client
 from kubeplane.clients import kube
 from kubeplane.config import toolchain_cache
@@ -423,11 +425,21 @@ class NodeServices:
         await asyncio.to_thread(self._containerd_files)
 
     def _containerd_files(self) -> None:
-        """containerd's directories, shim cgroup and config (blocking I/O: run in a thread)."""
+        """``machine.files``, then containerd's directories, shim cgroup and config (blocking I/O: run
+        in a thread). containerd starts first and the kubelet after it, so both read the files."""
+        self._machine_files()
         self.paths.containerd_conf_d.mkdir(parents=True, exist_ok=True)
         self.paths.cni_conf.mkdir(parents=True, exist_ok=True)
         owned.make_cgroup(self.shim_cgroup)
         self.paths.containerd_config.write_text(self.containerd_config())
+
+    def _machine_files(self) -> None:
+        files = self.document.model.machine.files or []
+        result = machine_files.apply(self.paths.root, files, self.paths.machine_files_record)
+        for message in result.changed:
+            log.info("machine.files: %s", message)
+        for message in result.skipped:
+            log.warning("machine.files: %s", message)
 
     async def _containerd_command(self) -> process.Command:
         binary = shutil.which("containerd")

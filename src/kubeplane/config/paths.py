@@ -60,6 +60,12 @@ class NodePaths:
         return self.system / "config.staged.yaml"
 
     @property
+    def machine_files_record(self) -> Path:
+        """What the agent wrote for ``machine.files`` (its appends, the files it created), so a
+        restart or re-apply never appends twice and a removed entry can be undone."""
+        return self.system / "machine-files.json"
+
+    @property
     def logs(self) -> Path:
         """One log file per service and per agent stream (``controller-runtime``, ``kubeplaned``)."""
         return self.root / "var" / "log" / "kubeplane"
@@ -106,8 +112,9 @@ class NodePaths:
 
     @property
     def containerd_conf_d(self) -> Path:
-        """Extra containerd config fragments merged into the rendered one (the containerd guide)."""
-        return self.root / "etc" / "containerd" / "conf.d"
+        """Extra containerd config fragments (``*.toml``) the rendered config imports: the containerd
+        guide's ``/var/cri/conf.d``, written through ``machine.files``."""
+        return self.root / "var" / "cri" / "conf.d"
 
     def sockets(self) -> list[SocketPath]:
         """The longest unix socket path of each service of the node (a deep root can overrun them)."""

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from kubeplane.config import models
+from kubeplane.config import machine_files, models
 from kubeplane.config.errors import DOCUMENT_PATH, ConfigError, FieldError, join_path
 from kubeplane.config.scalars import Bool, decode_base64
 
@@ -278,6 +278,7 @@ def check_machine(machine: models.Machine) -> Iterator[FieldError]:
                 f"machine.files[{index}].permissions",
                 f"{file.permissions} is not a file mode (expected octal up to 07777, e.g. 0644)",
             )
+    yield from machine_files.check(machine.files or [])
     encryption = machine.system_disk_encryption
     for name in ("state", "ephemeral"):
         partition = getattr(encryption, name) if encryption else None

@@ -3,10 +3,11 @@
 A node of a local cluster is a process tree in its own network namespace (made by
 :mod:`kubeplane.provision.netns`), mount namespace and UTS namespace (hostname = node name). In
 the mount namespace the node's own directory (``nodes/<node>`` under the cluster directory)
-is bind-mounted over each standard path a node uses (:data:`MACHINE_DIRS`), and a machine ID of
-its own over ``/etc/machine-id``. So its agent, containerd, kubelet and etcd see
-``/etc/kubernetes``, ``/var/lib/kubelet``, ``/var/lib/etcd``, ``/run/containerd`` ... exactly as
-on a real machine, and the agent runs with its default root, ``/``.
+is bind-mounted over each standard path a node uses (:data:`MACHINE_DIRS`; ``/etc/ssl/certs``
+starts as a copy of the host's), and a machine ID of its own over ``/etc/machine-id``. So its
+agent, containerd, kubelet and etcd see ``/etc/kubernetes``, ``/var/lib/kubelet``,
+``/var/lib/etcd``, ``/run/containerd`` ... exactly as on a real machine, and the agent runs with
+its default root, ``/``.
 
 The mount namespace is a slave of the host's: host mounts still propagate in (cgroups, the
 toolchain cache, ``/run/netns``), while every mount the node makes (its bind mounts, pod volumes)
@@ -32,6 +33,7 @@ import argparse
 import contextlib
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -57,7 +59,15 @@ MACHINE_DIRS = (
     "var/log/containers",
     "var/log/kubeplane",
     "var/log/pods",
+    # The places machine.files may write (kubeplane.config.machine_files): the node's own.
+    "var/cri",
+    "var/local",
+    "etc/ssl/certs",
 )
+#: Machine directories that start as a copy of the host's (symlinks kept), made once per node
+#: directory: the node trusts the host's CAs, and what machine.files appends to its CA bundle
+#: stays in its own copy.
+SEEDED_DIRS = ("etc/ssl/certs",)
 MACHINE_ID = "etc/machine-id"
 
 
@@ -82,8 +92,10 @@ def prepare(node_dir: Path, *, host_root: Path = Path("/")) -> list[Path]:
     machine_id(node_dir)
     created = []
     for relative in MACHINE_DIRS:
-        (node_dir / relative).mkdir(parents=True, exist_ok=True)
-        target = host_root / relative
+        own, target = node_dir / relative, host_root / relative
+        if relative in SEEDED_DIRS and not own.exists() and target.is_dir():
+            shutil.copytree(target, own, symlinks=True)
+        own.mkdir(parents=True, exist_ok=True)
         if not target.is_dir():
             if target.exists() or target.is_symlink():
                 raise MachineError(

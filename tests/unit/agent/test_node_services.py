@@ -118,7 +118,7 @@ def test_containerd_config_has_mirrors_conf_d_imports_and_own_paths(tmp_path: Pa
         state=resources.State(resources.default_registry()),
     )
     parsed = tomllib.loads(services.containerd_config())
-    assert parsed["imports"] == [str(tmp_path / "etc/containerd/conf.d/*.toml")]
+    assert parsed["imports"] == [str(tmp_path / "var/cri/conf.d/*.toml")]
     assert parsed["grpc"]["address"] == str(NodePaths(tmp_path).containerd_socket)
     cri = parsed["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["sandbox_image"] == "k8s.gcr.io/pause:3.2"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,22 @@ def test_prepare_makes_the_node_dirs_and_only_the_missing_host_mount_points(tmp_
     assert host / "var/lib/etcd" not in created
     assert sorted(created) == sorted(host / r for r in machine.MACHINE_DIRS if r != "var/lib/etcd")
     assert machine.prepare(node, host_root=host) == []  # re-running creates nothing more
+
+
+def test_a_node_starts_with_a_copy_of_the_hosts_certificates_and_keeps_its_own(tmp_path: Path) -> None:
+    host, node = tmp_path / "host", tmp_path / "node"
+    (host / "etc/ssl/certs").mkdir(parents=True)
+    (host / "etc/machine-id").write_text("0" * 32 + "\n")
+    (host / "etc/ssl/certs/ca-certificates.crt").write_text("HOST CAS\n")
+    (host / "etc/ssl/certs/one.pem").symlink_to("/usr/share/ca-certificates/one.crt")
+    machine.prepare(node, host_root=host)
+    bundle = node / "etc/ssl/certs/ca-certificates.crt"
+    assert bundle.read_text() == "HOST CAS\n"
+    assert os.readlink(node / "etc/ssl/certs/one.pem") == "/usr/share/ca-certificates/one.crt"
+    bundle.write_text("HOST CAS\nNODE CA\n")  # what machine.files appended on the node
+    machine.prepare(node, host_root=host)
+    assert bundle.read_text() == "HOST CAS\nNODE CA\n"
+    assert (host / "etc/ssl/certs/ca-certificates.crt").read_text() == "HOST CAS\n"
 
 
 def test_every_node_has_its_own_lasting_machine_id(tmp_path: Path) -> None:
