@@ -19,7 +19,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
@@ -53,6 +53,22 @@ def hostname_of(cluster: E2ECluster, node: str) -> str:
     result = cluster.cli("-n", node, "get", "nodeaddresses", "-o", "json")
     assert result.returncode == 0, result.stdout + result.stderr
     return str(json.loads(result.stdout.splitlines()[0])["spec"]["hostname"])
+
+
+def node_spec(cluster: E2ECluster, name: str) -> dict[str, Any]:
+    """The Node's spec, read with bounded requests: while an etcd member is stopped, a request
+    the load balancer sent to that node's kube-apiserver just before its health check dropped it
+    hangs, and the next one goes elsewhere."""
+    found: dict[str, Any] = {}
+
+    def read() -> bool:
+        result = cluster.kubectl("--request-timeout=5s", "get", "node", name, "-o", "json")
+        if result.returncode == 0:
+            found.update(json.loads(result.stdout)["spec"])
+        return result.returncode == 0
+
+    wait_until(f"Node {name} to be readable", read, timeout=60)
+    return found
 
 
 def workload(preferred: str) -> str:
@@ -123,7 +139,7 @@ def test_reset_refuses_to_break_quorum_then_resets_and_the_node_rejoins(
         assert refused.returncode == 1, refused.stdout + refused.stderr
         assert f"refusing a graceful reset of {host}" in refused.stderr, refused.stderr
         assert "below the quorum of 2" in refused.stderr, refused.stderr
-        spec = json.loads(cluster.kubectl("get", "node", host, "-o", "json").stdout)["spec"]
+        spec = node_spec(cluster, host)
         assert not spec.get("unschedulable"), "a refused reset must not cordon the node"
     finally:
         started = cluster.cli("-n", second, "service", "etcd", "start")

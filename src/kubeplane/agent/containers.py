@@ -89,8 +89,10 @@ def parse_id(container: str) -> tuple[str, str, str]:
     return namespace, pod, name
 
 
-def log_file(container: str, *, pod_logs: Path = POD_LOGS) -> Path:
-    """The newest log file of ``NAMESPACE/POD:CONTAINER`` written by the kubelet."""
+def log_file(container: str, *, pod_logs: Path = POD_LOGS, written: bool = False) -> Path:
+    """The newest log file of ``NAMESPACE/POD:CONTAINER`` written by the kubelet; with ``written``
+    the newest one with something in it (a container that keeps crashing has a new, still empty
+    log each time it is created again, while its predecessor's says why it exited)."""
     namespace, pod, name = parse_id(container)
     candidates = [
         log
@@ -102,6 +104,8 @@ def log_file(container: str, *, pod_logs: Path = POD_LOGS) -> Path:
         raise ContainerNotFound(
             f"no log for container {container} under {pod_logs} (see `kubeplane containers -k`)"
         )
+    if written and any(log.stat().st_size for log in candidates):
+        candidates = [log for log in candidates if log.stat().st_size]
     return max(candidates, key=lambda log: (log.stat().st_mtime, int(log.stem)))
 
 

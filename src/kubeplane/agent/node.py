@@ -444,6 +444,10 @@ class Node:
                 result["message"] = "config staged; it takes effect at the next reboot"
             elif mode == "immediate":
                 await self._save(new, then=functools.partial(self._publish_current, new))
+                if self.services is not None:
+                    # What runs now keeps running; a service started again later (a kubelet
+                    # restart) starts from the saved config, not the one the node booted with.
+                    self.services.document = new
                 result["message"] = "config applied immediately"
             elif self.services is not None and config.kubelet_only(allowed.changed):
                 # The change concerns the kubelet alone (its image, args, mounts): restart that
@@ -832,7 +836,8 @@ class Node:
 
     async def container_logs(self, *, id: str, tail: int | None, follow: bool) -> AsyncIterator[str]:
         try:
-            path = node_containers.log_file(id)
+            # Without --follow, an attempt that has not written yet shows the last one that did.
+            path = node_containers.log_file(id, written=not follow)
         except node_containers.ContainerNotFound as exc:
             raise api.NotFoundError(f"node {self.name}: {exc}") from exc
         except ValueError as exc:

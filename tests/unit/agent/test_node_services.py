@@ -163,6 +163,16 @@ def test_container_ids_and_cri_log_lines(tmp_path: Path) -> None:
     os.utime(logs / "0.log", (1000, 1000))
     found = containers.log_file("kube-system/kube-apiserver-cp1:kube-apiserver", pod_logs=tmp_path)
     assert found == logs / "1.log"
+    # Crash-looping: attempt 2 was just created and is empty; the last attempt that wrote says why.
+    (logs / "2.log").write_text("")
+    assert (
+        containers.log_file("kube-system/kube-apiserver-cp1:kube-apiserver", pod_logs=tmp_path)
+        == logs / "2.log"
+    )
+    written = containers.log_file(
+        "kube-system/kube-apiserver-cp1:kube-apiserver", pod_logs=tmp_path, written=True
+    )
+    assert written == logs / "1.log"
     with pytest.raises(containers.ContainerNotFound):
         containers.log_file("kube-system/other:x", pod_logs=tmp_path)
     assert containers.cri_message("2021-01-01T00:00:00Z stderr F hello world") == "hello world"
