@@ -96,6 +96,8 @@ class MachineNetworkController:
         self.network = network or NetlinkNetwork()
         self.retry_interval = retry_interval
         self.resync_interval = resync_interval
+        # The errors last logged: a config that stays broken is retried quietly.
+        self._logged: tuple[str, ...] = ()
 
     async def reconcile(self, ctx: ReconcileContext) -> None:
         resource = ctx.find(catalog.CONFIG_NAMESPACE, catalog.MACHINE_CONFIGS, catalog.MACHINE_CONFIG_ID)
@@ -106,16 +108,20 @@ class MachineNetworkController:
         try:
             outcome = await asyncio.to_thread(self._apply, wanted, ctx.logger)
         except (machinenet_io.MachineNetworkError, OSError) as exc:
-            ctx.logger.error("cannot apply machine.network, will retry: %s", exc)
+            self._log_errors(ctx.logger, (f"cannot apply machine.network, will retry: {exc}",))
             self._publish_status(ctx, wanted, (str(exc),))
             ctx.requeue_after(self.retry_interval)
             return
-        if outcome.errors:
-            ctx.logger.error("machine.network not applied: %s", "; ".join(outcome.errors))
-            ctx.requeue_after(self.retry_interval)  # an interface may yet appear
-        else:
-            ctx.requeue_after(self.resync_interval)
+        self._log_errors(ctx.logger, tuple(f"machine.network not applied: {e}" for e in outcome.errors))
+        # With errors, an interface may yet appear: look again soon.
+        ctx.requeue_after(self.retry_interval if outcome.errors else self.resync_interval)
         self._publish(ctx, wanted, outcome)
+
+    def _log_errors(self, logger: ControllerLogger, errors: tuple[str, ...]) -> None:
+        if errors != self._logged:
+            for error in errors:
+                logger.error("%s", error)
+        self._logged = errors
 
     def _apply(self, wanted: machinenet.Desired, logger: ControllerLogger) -> _Outcome:
         """Plan against the node and apply (blocking: runs in a thread); the node afterwards."""
