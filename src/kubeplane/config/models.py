@@ -182,6 +182,9 @@ class VIP(Model):
 class Interface(Model):
     interface: NonEmptyStr
     cidr: CIDR | None = None
+    #: More addresses besides ``cidr`` (later releases of the original added the field; the
+    #: guide's way, one entry per address under the same interface name, works as well).
+    addresses: list[CIDR] | None = None
     routes: list[Route] | None = None
     bond: Bond | None = None
     vlans: list[VLAN] | None = None

@@ -138,6 +138,22 @@ class NodePaths:
         return None
 
     @property
+    def resolv_conf(self) -> Path:
+        """The node's resolver config (``machine.network.nameservers``)."""
+        return self.root / "etc" / "resolv.conf"
+
+    @property
+    def replaced_resolv_conf(self) -> Path:
+        """What ``/etc/resolv.conf`` held before kubeplane wrote it, restored when the
+        nameservers leave the config."""
+        return self.system / "network" / "resolv.conf.replaced"
+
+    @property
+    def hosts(self) -> Path:
+        """The node's hosts file (``machine.network.extraHostEntries``)."""
+        return self.root / "etc" / "hosts"
+
+    @property
     def cni_conf(self) -> Path:
         return self.root / "etc" / "cni" / "net.d"
 

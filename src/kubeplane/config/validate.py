@@ -307,8 +307,8 @@ def _check_interface(machine: models.Machine, interface: models.Interface, path:
             f"a shared IP (vip) is only allowed on control plane nodes, this is a {machine.role} "
             "node (remove vip or set machine.type to controlplane)",
         )
-    if interface.dhcp and interface.cidr:
-        yield FieldError(path, "set either dhcp: true or a static cidr, not both")
+    if interface.dhcp and (interface.cidr or interface.addresses):
+        yield FieldError(path, "set either dhcp: true or static addresses (cidr, addresses), not both")
     if interface.bond is not None and not interface.bond.interfaces:
         yield FieldError(f"{path}.bond.interfaces", "a bond needs at least one interface (e.g. [eth0, eth1])")
     yield from _check_routes(interface.routes, f"{path}.routes")

@@ -4,10 +4,12 @@ A node of a local cluster is a process tree in its own network namespace (made b
 :mod:`kubeplane.provision.netns`), mount namespace and UTS namespace (hostname = node name). In
 the mount namespace the node's own directory (``nodes/<node>`` under the cluster directory)
 is bind-mounted over each standard path a node uses (:data:`MACHINE_DIRS`; ``/etc/ssl/certs``
-starts as a copy of the host's), and a machine ID of its own over ``/etc/machine-id``. So its
-agent, containerd, kubelet and etcd see ``/etc/kubernetes``, ``/var/lib/kubelet``,
-``/var/lib/etcd``, ``/run/containerd`` ... exactly as on a real machine, and the agent runs with
-its default root, ``/``.
+starts as a copy of the host's), and a machine ID of its own over ``/etc/machine-id``, its own
+``/etc/hosts`` and ``/etc/resolv.conf`` (copies of the host's, made once; the agent writes
+``machine.network``'s nameservers and extra host entries there, never into the host's) over
+theirs (:data:`MACHINE_FILES`). So its agent, containerd, kubelet and etcd see
+``/etc/kubernetes``, ``/var/lib/kubelet``, ``/var/lib/etcd``, ``/run/containerd`` ... exactly as
+on a real machine, and the agent runs with its default root, ``/``.
 
 The mount namespace is a slave of the host's: host mounts still propagate in (cgroups, the
 toolchain cache, ``/run/netns``), while every mount the node makes (its bind mounts, pod volumes)
@@ -69,6 +71,8 @@ MACHINE_DIRS = (
 #: stays in its own copy.
 SEEDED_DIRS = ("etc/ssl/certs",)
 MACHINE_ID = "etc/machine-id"
+#: Files a node owns besides its machine ID, relative to ``/``: its copy of the host's, bind-mounted.
+MACHINE_FILES = ("etc/hosts", "etc/resolv.conf")
 
 
 class MachineError(Exception):
@@ -105,6 +109,12 @@ def prepare(node_dir: Path, *, host_root: Path = Path("/")) -> list[Path]:
             created.append(target)
     if not (host_root / MACHINE_ID).is_file():
         raise MachineError(f"{host_root / MACHINE_ID} is missing: a node mounts its own machine ID over it")
+    for relative in MACHINE_FILES:
+        host_file, own = host_root / relative, node_dir / relative
+        if not host_file.is_file():
+            raise MachineError(f"{host_file} is missing: a node mounts its own {relative} over it")
+        if not own.is_file():
+            own.write_text(host_file.read_text())
     return created
 
 
@@ -165,7 +175,8 @@ def boot(*, node_dir: Path, hostname: str, command: Sequence[str]) -> None:
     socket.sethostname(hostname)
     for relative in MACHINE_DIRS:
         _bind(node_dir / relative, Path("/") / relative)
-    _bind(node_dir / MACHINE_ID, Path("/") / MACHINE_ID)
+    for relative in (MACHINE_ID, *MACHINE_FILES):
+        _bind(node_dir / relative, Path("/") / relative)
     os.execvp(command[0], list(command))  # noqa: S606 - the agent's argv, from the provisioner
 
 

@@ -21,6 +21,12 @@ BootstrapStatuses               runtime       ``selfHostedControlPlane``
 Services (etcd, kubelet)        runtime       ``running``, ``healthy``, ``unknown``
 NodeAddresses (current)         network       ``hostname``, ``addresses`` (published by the agent)
 PodNetworkStatuses (current)    network       ``podCidr``, ``routes``, ``skipped``, ``error`` (host-gw)
+MachineAddresses (eth0/IP/len)  network       ``link``, ``address``, ``owned``, ``field`` (machine.network)
+MachineRoutes (eth0/NET/metric) network       ``link``, ``network``, ``gateway``, ``metric``, ``owned``,
+                                              ``field``
+MachineLinks (eth0)             network       ``mtu``, ``up``, ``operState``, ``configuredMtu``, ``field``
+MachineNetworkStatuses          network       ``hostname``, ``nameservers``, ``extraHostEntries``,
+(current)                                     ``errors``, ``unsupported``
 ==============================  ============  ================================================
 
 Sensitivity. A type is ``sensitive`` (only the admin role may get, list or watch it) when any of
@@ -36,7 +42,9 @@ readable when none of its resources can carry a secret:
 - readable: MachineTypes, SecretStatuses (a readiness flag and a version, no secret),
   StaticPods (pods reference their secrets by file path only), StaticPodStatuses,
   ManifestStatuses (manifest ids and apply errors, which name objects), BootstrapStatuses,
-  Services, NodeAddresses, PodNetworkStatuses (CIDRs, node names and addresses), and the
+  Services, NodeAddresses, PodNetworkStatuses (CIDRs, node names and addresses), the machine
+  network's MachineAddresses, MachineRoutes, MachineLinks and MachineNetworkStatuses (addresses,
+  routes, link settings, the hostname, resolvers and extra host entries, config field paths), and the
   ``meta`` types (definitions and namespaces).
 
 Readers have no need for the sensitive types: ManifestStatuses tell which manifests were applied,
@@ -84,6 +92,10 @@ ETCD_SECRETS = "EtcdSecrets.secrets.kubeplane.dev"
 SERVICES = "Services.runtime.kubeplane.dev"
 NODE_ADDRESSES = "NodeAddresses.network.kubeplane.dev"
 POD_NETWORK_STATUSES = "PodNetworkStatuses.network.kubeplane.dev"
+MACHINE_ADDRESSES = "MachineAddresses.network.kubeplane.dev"
+MACHINE_ROUTES = "MachineRoutes.network.kubeplane.dev"
+MACHINE_LINKS = "MachineLinks.network.kubeplane.dev"
+MACHINE_NETWORK_STATUSES = "MachineNetworkStatuses.network.kubeplane.dev"
 
 #: Well-known ids.
 MACHINE_CONFIG_ID = "v1alpha1"
@@ -197,6 +209,61 @@ class PodNetworkStatusSpec(Spec):
     error: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class MachineAddressSpec(Spec):
+    """An address ``machine.network`` configures on ``link``: ``owned`` when kubeplane added it
+    (and so removes it once unconfigured), false when it was there already; ``field`` is the
+    config field asking for it."""
+
+    link: str = ""
+    address: str = ""
+    owned: bool = False
+    field: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineRouteSpec(Spec):
+    """A main-table route ``machine.network`` configures (``gateway`` empty: on-link); ``owned``
+    as for addresses."""
+
+    link: str = ""
+    network: str = ""
+    gateway: str = ""
+    metric: int = 0
+    owned: bool = False
+    field: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineLinkSpec(Spec):
+    """A configured interface as the kernel shows it (``mtu``, ``up``, ``operState``) and the MTU
+    asked for (``configuredMtu``, None when the config leaves it)."""
+
+    mtu: int = 0
+    up: bool = False
+    oper_state: str = ""
+    configured_mtu: int | None = None
+    field: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineNetworkStatusSpec(Spec):
+    """The rest of ``machine.network`` as applied (``hostname``, ``nameservers``,
+    ``extraHostEntries`` lines), the ``errors`` that kept the whole of it from being applied, and
+    the fields it ``unsupported`` (not implemented)."""
+
+    hostname: str = ""
+    nameservers: Sequence[str] = ()
+    extra_host_entries: Sequence[str] = ()
+    errors: Sequence[str] = ()
+    unsupported: Sequence[str] = ()
+
+
+def _error_count(resource: Resource) -> str:
+    spec = resource.spec
+    return str(len(spec.errors)) if isinstance(spec, MachineNetworkStatusSpec) else ""
+
+
 def _route_count(resource: Resource) -> str:
     spec = resource.spec
     return str(len(spec.routes)) if isinstance(spec, PodNetworkStatusSpec) else ""
@@ -223,7 +290,7 @@ NAMESPACE_LIST = (
     Namespace(CONFIG_NAMESPACE, "Machine configuration and what is derived from it"),
     Namespace(CONTROLPLANE_NAMESPACE, "Control plane static pods, manifests and their status"),
     Namespace(EXTRAS_NAMESPACE, "Extra manifests downloaded from URLs or given inline"),
-    Namespace(NETWORK_NAMESPACE, "Node name and addresses, pod network"),
+    Namespace(NETWORK_NAMESPACE, "Node name and addresses, machine network, pod network"),
     Namespace(RUNTIME_NAMESPACE, "Services and bootstrap state of the node"),
     Namespace(SECRETS_NAMESPACE, "Secret material: CAs, certificates, keys, tokens"),
 )
@@ -342,6 +409,54 @@ DEFINITIONS = (
         print_columns=(
             PrintColumn("POD CIDR", json_path="podCidr"),
             PrintColumn("ROUTES", func=_route_count),
+        ),
+    ),
+    ResourceDefinition(
+        type=MACHINE_ADDRESSES,
+        display_type="MachineAddress",
+        default_namespace=NETWORK_NAMESPACE,
+        spec_type=MachineAddressSpec,
+        aliases=("addresses", "address"),
+        print_columns=(
+            PrintColumn("LINK", json_path="link"),
+            PrintColumn("ADDRESS", json_path="address"),
+            PrintColumn("OWNED", json_path="owned"),
+        ),
+    ),
+    ResourceDefinition(
+        type=MACHINE_ROUTES,
+        display_type="MachineRoute",
+        default_namespace=NETWORK_NAMESPACE,
+        spec_type=MachineRouteSpec,
+        aliases=("routes", "route"),
+        print_columns=(
+            PrintColumn("NETWORK", json_path="network"),
+            PrintColumn("GATEWAY", json_path="gateway"),
+            PrintColumn("METRIC", json_path="metric"),
+            PrintColumn("OWNED", json_path="owned"),
+        ),
+    ),
+    ResourceDefinition(
+        type=MACHINE_LINKS,
+        display_type="MachineLink",
+        default_namespace=NETWORK_NAMESPACE,
+        spec_type=MachineLinkSpec,
+        aliases=("links", "link"),
+        print_columns=(
+            PrintColumn("MTU", json_path="mtu"),
+            PrintColumn("UP", json_path="up"),
+            PrintColumn("STATE", json_path="operState"),
+        ),
+    ),
+    ResourceDefinition(
+        type=MACHINE_NETWORK_STATUSES,
+        display_type="MachineNetworkStatus",
+        default_namespace=NETWORK_NAMESPACE,
+        spec_type=MachineNetworkStatusSpec,
+        aliases=("machinenetwork", "netstatus"),
+        print_columns=(
+            PrintColumn("HOSTNAME", json_path="hostname"),
+            PrintColumn("ERRORS", func=_error_count),
         ),
     ),
 )

@@ -15,8 +15,7 @@ pytestmark = pytest.mark.unit
 
 def test_prepare_makes_the_node_dirs_and_only_the_missing_host_mount_points(tmp_path: Path) -> None:
     host, node = tmp_path / "host", tmp_path / "node"
-    (host / "etc").mkdir(parents=True)
-    (host / "etc/machine-id").write_text("0" * 32 + "\n")
+    _host_etc(host)
     (host / "var/lib/etcd").mkdir(parents=True)  # Debian's etcd-server made it already
     created = machine.prepare(node, host_root=host)
     assert all((node / relative).is_dir() for relative in machine.MACHINE_DIRS)
@@ -25,10 +24,38 @@ def test_prepare_makes_the_node_dirs_and_only_the_missing_host_mount_points(tmp_
     assert machine.prepare(node, host_root=host) == []  # re-running creates nothing more
 
 
+def _host_etc(host: Path) -> None:
+    (host / "etc").mkdir(parents=True)
+    (host / "etc/machine-id").write_text("0" * 32 + "\n")
+    (host / "etc/hosts").write_text("127.0.0.1 localhost\n")
+    (host / "etc/resolv.conf").write_text("nameserver 192.0.2.53\n")
+
+
+def test_a_node_has_its_own_hosts_and_resolv_conf_copied_once_from_the_host(tmp_path: Path) -> None:
+    host, node = tmp_path / "host", tmp_path / "node"
+    _host_etc(host)
+    machine.prepare(node, host_root=host)
+    assert (node / "etc/hosts").read_text() == "127.0.0.1 localhost\n"
+    assert (node / "etc/resolv.conf").read_text() == "nameserver 192.0.2.53\n"
+    # The node's agent changes its own copy; preparing the node again keeps what it wrote.
+    (node / "etc/resolv.conf").write_text("nameserver 10.5.0.1\n")
+    machine.prepare(node, host_root=host)
+    assert (node / "etc/resolv.conf").read_text() == "nameserver 10.5.0.1\n"
+    assert (host / "etc/resolv.conf").read_text() == "nameserver 192.0.2.53\n"
+
+
+def test_a_host_without_the_file_a_node_mounts_its_own_over_is_named(tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    _host_etc(host)
+    (host / "etc/resolv.conf").unlink()
+    with pytest.raises(machine.MachineError, match=r"resolv\.conf is missing"):
+        machine.prepare(tmp_path / "node", host_root=host)
+
+
 def test_a_node_starts_with_a_copy_of_the_hosts_certificates_and_keeps_its_own(tmp_path: Path) -> None:
     host, node = tmp_path / "host", tmp_path / "node"
+    _host_etc(host)
     (host / "etc/ssl/certs").mkdir(parents=True)
-    (host / "etc/machine-id").write_text("0" * 32 + "\n")
     (host / "etc/ssl/certs/ca-certificates.crt").write_text("HOST CAS\n")
     (host / "etc/ssl/certs/one.pem").symlink_to("/usr/share/ca-certificates/one.crt")
     machine.prepare(node, host_root=host)

@@ -80,6 +80,10 @@ SENSITIVITY = {
     catalog.SERVICES: False,
     catalog.NODE_ADDRESSES: False,
     catalog.POD_NETWORK_STATUSES: False,  # CIDRs, node names and their addresses
+    catalog.MACHINE_ADDRESSES: False,  # addresses and config field paths
+    catalog.MACHINE_ROUTES: False,  # networks, gateways, metrics
+    catalog.MACHINE_LINKS: False,  # MTU and link state
+    catalog.MACHINE_NETWORK_STATUSES: False,  # hostname, resolvers, host entries, errors
     RESOURCE_DEFINITIONS: False,
     NAMESPACES: False,
 }

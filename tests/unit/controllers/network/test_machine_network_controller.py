@@ -1,0 +1,183 @@
+"""MachineNetworkController against a simulated node (links, addresses, routes as netlink would
+show them): it applies machine.network, publishes addresses/routes/links and the status, writes
+the node's resolv.conf and hosts under its root, restores what it replaced, and changes nothing
+when an interface is missing."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubeplane.config import generate as gen
+from kubeplane.config.paths import NodePaths
+from kubeplane.controllers.network import machine_network
+from kubeplane.resources import State, catalog
+from kubeplane.services import machinenet
+from kubeplane.services.machinenet import ObservedAddress, ObservedLink, ObservedRoute
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "k8s"))
+from k8s_harness import eventually, publish_config, run
+
+pytestmark = pytest.mark.unit
+
+GENERATED = gen.generate(gen.GenOptions(cluster_name="test", endpoint="10.5.0.1"), gen.new_secrets())
+PRIMARY = ObservedAddress(link="eth0", cidr="10.5.0.3/24", owned=False)
+
+
+class SimulatedNode:
+    """A node's links, addresses and routes; applying a plan changes them as the kernel would."""
+
+    def __init__(self) -> None:
+        self.observed = machinenet.Observed(
+            links={"eth0": ObservedLink("eth0", 2, 1500, True, "UP")},
+            addresses=(PRIMARY,),
+            routes=(ObservedRoute("0.0.0.0/0", 0, "10.5.0.1", "eth0", owned=False),),
+        )
+        self.name = "worker-1"
+        self.applied: list[machinenet.Plan] = []
+
+    def observe(self) -> machinenet.Observed:
+        return self.observed
+
+    def apply(self, plan: machinenet.Plan, observed: machinenet.Observed) -> None:
+        self.applied.append(plan)
+        links = dict(observed.links)
+        for name, mtu in plan.set_mtu:
+            links[name] = dataclasses.replace(links[name], mtu=mtu)
+        addresses = [a for a in observed.addresses if a not in plan.remove_addresses]
+        addresses += [ObservedAddress(a.link, a.cidr, owned=True) for a in plan.add_addresses]
+        routes = [r for r in observed.routes if r not in plan.remove_routes]
+        replaced = {r.key for r in plan.replace_routes}
+        routes = [r for r in routes if r.key not in replaced]
+        routes += [
+            ObservedRoute(r.network, r.metric, r.gateway, r.link, owned=True) for r in plan.replace_routes
+        ]
+        self.observed = machinenet.Observed(links=links, addresses=tuple(addresses), routes=tuple(routes))
+
+    def hostname(self) -> str:
+        return self.name
+
+    def set_hostname(self, name: str) -> None:
+        self.name = name
+
+
+def config(network: dict[str, Any]) -> dict[str, Any]:
+    document = copy.deepcopy(dict(GENERATED.documents["worker"]))
+    document["machine"]["network"] = network
+    return document
+
+
+def specs(state: State, type_name: str) -> dict[str, dict[str, Any]]:
+    return {r.id: r.spec.to_dict() for r in state.list(catalog.NETWORK_NAMESPACE, type_name)}
+
+
+def status(state: State) -> dict[str, Any]:
+    found = state.find(catalog.NETWORK_NAMESPACE, catalog.MACHINE_NETWORK_STATUSES, machine_network.STATUS_ID)
+    return found.spec.to_dict() if found is not None else {}
+
+
+def controller(tmp_path: Path, node: SimulatedNode) -> machine_network.MachineNetworkController:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/resolv.conf").write_text("nameserver 192.0.2.53\n")
+    (tmp_path / "etc/hosts").write_text("127.0.0.1 localhost\n")
+    return machine_network.MachineNetworkController(
+        paths=NodePaths(tmp_path), network=node, retry_interval=0.05
+    )
+
+
+EXTRA = {
+    "hostname": "worker-1",
+    "nameservers": ["10.5.0.1"],
+    "interfaces": [
+        {
+            "interface": "eth0",
+            "cidr": "10.5.0.200/24",
+            "mtu": 1400,
+            "routes": [{"network": "10.77.0.0/16", "gateway": "10.5.0.1", "metric": 50}],
+        }
+    ],
+    "extraHostEntries": [{"ip": "10.5.0.200", "aliases": ["extra"]}],
+}
+
+
+def test_machine_network_is_applied_published_and_undone(tmp_path: Path) -> None:
+    node = SimulatedNode()
+    paths = NodePaths(tmp_path)
+    ctl = controller(tmp_path, node)
+
+    async def body(state: State) -> None:
+        publish_config(state, config(EXTRA))
+        await eventually(lambda: specs(state, catalog.MACHINE_ROUTES), what="the route published")
+        assert specs(state, catalog.MACHINE_ADDRESSES) == {
+            "eth0/10.5.0.200/24": {
+                "link": "eth0",
+                "address": "10.5.0.200/24",
+                "owned": True,
+                "field": "machine.network.interfaces[0].cidr",
+            }
+        }
+        assert specs(state, catalog.MACHINE_ROUTES)["eth0/10.77.0.0/16/50"]["owned"] is True
+        assert specs(state, catalog.MACHINE_LINKS)["eth0"] == {
+            "mtu": 1400,
+            "up": True,
+            "operState": "UP",
+            "configuredMtu": 1400,
+            "field": "machine.network.interfaces[0]",
+        }
+        assert status(state) == {
+            "hostname": "worker-1",
+            "nameservers": ["10.5.0.1"],
+            "extraHostEntries": ["10.5.0.200 extra"],
+            "errors": [],
+            "unsupported": [],
+        }
+        assert paths.resolv_conf.read_text() == machinenet.render_resolv_conf(["10.5.0.1"])
+        assert paths.replaced_resolv_conf.read_text() == "nameserver 192.0.2.53\n"
+        assert "10.5.0.200 extra\n" in paths.hosts.read_text()
+        assert node.name == "worker-1"  # already the node's name: left as it was
+
+        # The extra address, route, resolvers and host entries leave the config: all undone.
+        publish_config(
+            state, config({"hostname": "worker-2", "interfaces": [{"interface": "eth0", "mtu": 1400}]})
+        )
+        await eventually(lambda: not specs(state, catalog.MACHINE_ADDRESSES), what="the address unpublished")
+        assert node.observed.addresses == (PRIMARY,)
+        assert [r.network for r in node.observed.routes] == ["0.0.0.0/0"]
+        assert specs(state, catalog.MACHINE_ROUTES) == {}
+        assert paths.resolv_conf.read_text() == "nameserver 192.0.2.53\n"
+        assert not paths.replaced_resolv_conf.exists()
+        assert paths.hosts.read_text() == "127.0.0.1 localhost\n"
+        assert node.name == "worker-2"
+
+    run([ctl], body)
+
+
+def test_a_missing_interface_is_an_error_naming_it_and_nothing_changes(tmp_path: Path) -> None:
+    node = SimulatedNode()
+    paths = NodePaths(tmp_path)
+    ctl = controller(tmp_path, node)
+    broken = copy.deepcopy(EXTRA)
+    broken["interfaces"].append({"interface": "eth9", "cidr": "192.168.9.2/24", "dhcp": False})
+
+    async def body(state: State) -> None:
+        publish_config(state, config(broken))
+        await eventually(lambda: status(state).get("errors"), what="the error")
+        assert status(state)["errors"] == [
+            "machine.network.interfaces[1].interface: interface eth9 does not exist on this node"
+        ]
+        assert node.applied == [] and node.observed.addresses == (PRIMARY,)
+        assert paths.resolv_conf.read_text() == "nameserver 192.0.2.53\n"
+        assert paths.hosts.read_text() == "127.0.0.1 localhost\n"
+        assert specs(state, catalog.MACHINE_LINKS)["eth9"]["operState"] == "MISSING"
+
+        publish_config(state, config(EXTRA))  # fixed: applied at once
+        await eventually(lambda: specs(state, catalog.MACHINE_ADDRESSES), what="the address")
+        assert status(state)["errors"] == []
+        assert "eth9" not in specs(state, catalog.MACHINE_LINKS)
+
+    run([ctl], body)
