@@ -46,9 +46,26 @@ def explain(cluster: E2ECluster) -> tuple[int, dict[str, Any], float]:
     return result.returncode, json.loads(result.stdout), elapsed
 
 
+def _services_up(cluster: E2ECluster) -> bool:
+    """Every supervised service of every node running and healthy. ``health`` passing is not
+    enough: a kubelet that restarted a moment ago (another module's apply) leaves its Node Ready
+    through the 40 s grace period while its own health endpoint is not up yet."""
+    for node in (*cluster.control_plane, *cluster.workers):
+        result = cluster.cli("-n", node, "service", "-o", "json")
+        if result.returncode != 0:
+            return False
+        documents = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+        if not documents or not all(
+            d.get("state") == "Running" and (d.get("health") or {}).get("healthy") for d in documents
+        ):
+            return False
+    return True
+
+
 def test_healthy_cluster_gets_no_diagnosis(cluster_1cp1w: E2ECluster) -> None:
     passed = cluster_1cp1w.cli("health", "--wait-timeout", "3m")
     assert passed.returncode == 0, passed.stdout + passed.stderr
+    wait_until("every service of every node to be up", lambda: _services_up(cluster_1cp1w), timeout=120)
 
     code, document, elapsed = explain(cluster_1cp1w)
     print(f"health --explain on the healthy cluster: {elapsed:.1f}s")
@@ -151,6 +168,7 @@ def _patch(cluster: E2ECluster, node: str, path: str, value: Any) -> None:
 def _healthy_again(cluster: E2ECluster) -> None:
     passed = cluster.cli("health", "--wait-timeout", "4m", timeout=400)
     assert passed.returncode == 0, passed.stdout + passed.stderr
+    wait_until("every service of every node to be up", lambda: _services_up(cluster), timeout=120)
 
 
 @pytest.mark.parametrize(

@@ -165,7 +165,7 @@ def test_reset_refuses_to_break_quorum_then_resets_and_the_node_rejoins(
         assert result.returncode == 0, result.stdout + result.stderr
         assert f"node {host}: cordoned, evicted" in result.stdout and "default/moving-" in result.stdout
         assert (
-            f"is in maintenance mode: give it a config with `kubeplane apply-config --insecure -n {node}"
+            f"is in maintenance mode: give it a config with `kubeplane -n {node} apply-config --insecure"
             in (result.stdout)
         )
 
@@ -175,7 +175,7 @@ def test_reset_refuses_to_break_quorum_then_resets_and_the_node_rejoins(
         readyz = cluster.kubectl("get", "--raw", "/readyz")
         assert readyz.returncode == 0 and readyz.stdout.strip() == "ok", readyz.stdout + readyz.stderr
         wait_until("the workload to run on another node", lambda: ready_pod_node(cluster) not in (None, host))
-        waiting = cluster.cli("apply-config", "--insecure", "-n", node, "--file", str(saved), "--dry-run")
+        waiting = cluster.cli("-n", node, "apply-config", "--insecure", "--file", str(saved), "--dry-run")
         assert waiting.returncode == 0, waiting.stdout + waiting.stderr
         assert "the node would leave maintenance mode with this config" in waiting.stdout, waiting.stdout
     finally:
@@ -183,7 +183,7 @@ def test_reset_refuses_to_break_quorum_then_resets_and_the_node_rejoins(
 
     # 3. The same machine rejoins with its config.
     started_at = time.monotonic()
-    rejoin = cluster.cli("apply-config", "--insecure", "-n", node, "--file", str(saved), timeout=120)
+    rejoin = cluster.cli("-n", node, "apply-config", "--insecure", "--file", str(saved), timeout=120)
     assert rejoin.returncode == 0, rejoin.stdout + rejoin.stderr
     wait_until(
         "the node to be an etcd voter again",

@@ -139,5 +139,5 @@ def reset(*, graceful: bool, reboot: bool, wipe: str, wait_timeout: str, dry_run
     if reboot and "state" in labels:
         click.echo(
             f"node {node} is in maintenance mode: give it a config with "
-            f"`kubeplane apply-config --insecure -n {node} --file CONFIG`"
+            f"`kubeplane -n {node} apply-config --insecure --file CONFIG`"
         )

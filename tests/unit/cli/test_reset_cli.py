@@ -41,7 +41,7 @@ def test_not_graceful_resets_without_the_kubernetes_api(three: Cluster) -> None:
         "reset graceful=False reboot=True wipe=state,kubelet dry_run=False",
     ]
     assert f"node {node} reset: stop the services, wipe state,kubelet, then reboot" in result.output
-    assert f"kubeplane apply-config --insecure -n {node} --file CONFIG" in result.output
+    assert f"kubeplane -n {node} apply-config --insecure --file CONFIG" in result.output
 
 
 def test_an_unknown_wipe_label_is_refused_before_any_call(three: Cluster) -> None:
