@@ -48,10 +48,20 @@ def test_events_tell_the_boot_and_config_story_and_follow_changes(cluster: Clust
     refused = cluster.kp("-e", agent.address, "events", "--since", "soon", check=False)
     assert refused.returncode == 2 and "'soon' is not a duration" in refused.stderr
 
+    # --tail 1: the newest event of the history, then what happens while following. Its first
+    # line shows the follower is connected (a CLI start can take seconds on a loaded machine),
+    # so the change below cannot happen before it listens.
     follower = cluster.processes.start(
-        cluster.kp_argv("-e", agent.address, "events", "-f", "--tail", "0", "-o", "json"), name="events-f"
+        cluster.kp_argv("-e", agent.address, "events", "-f", "--tail", "1", "-o", "json"), name="events-f"
     )
     try:
+        (connected, *_) = wait_for(
+            lambda: json_events(follower.log.read_text()),
+            timeout=30,
+            what="the follower to print the newest event",
+            logs=follower.tail,
+        )
+        assert connected["id"] >= history[-1]["id"]
         cluster.kp("-e", agent.address, "patch", "mc", "--immediate", "-p", CLUSTER_PATCH)
         followed = wait_for(
             lambda: [e for e in json_events(follower.log.read_text()) if e["kind"] == "config"],
@@ -59,9 +69,13 @@ def test_events_tell_the_boot_and_config_story_and_follow_changes(cluster: Clust
             what="the follower to print the config apply",
             logs=follower.tail,
         )
-        assert (followed[0]["subject"], followed[0]["message"]) == ("immediate", "config applied immediately")
+        assert (followed[-1]["subject"], followed[-1]["message"]) == (
+            "immediate",
+            "config applied immediately",
+        )
+        assert followed[-1]["id"] > connected["id"]
         assert follower.process.poll() is None, "a follower keeps running"
-        # --tail 0: nothing from the history, only what happened while following.
-        assert all(e["id"] > history[-1]["id"] for e in json_events(follower.log.read_text()))
+        # Only the newest event of the history, then newer ones.
+        assert all(e["id"] > connected["id"] for e in json_events(follower.log.read_text())[1:])
     finally:
         cluster.processes.forget(follower)
