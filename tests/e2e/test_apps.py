@@ -306,9 +306,11 @@ def test_exec_logs_port_forward_cp_and_attach_from_the_host(app: E2ECluster, tmp
     ok(app, "cp", "client:/tmp/note.txt", str(back))
     assert back.read_text() == "copied\n"
 
+    # The container outlives its echo by a few seconds: when it exits the runtime closes the attach
+    # streams, and output written just before that may never reach kubectl (CI saw exactly that).
     attached = subprocess.run(
         [*app.kubectl_argv(), "run", "attach-me", "--image=busybox", "--restart=Never", "--attach", "--rm",
-         "-i", "--", "sh", "-c", "read line; echo got:$line"],
+         "-i", "--", "sh", "-c", "read line; echo got:$line; sleep 3"],
         input="hello\n", capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert "got:hello" in attached.stdout, attached.stdout + attached.stderr
