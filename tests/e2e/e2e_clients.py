@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
+import json
 import os
 import signal
 import subprocess
@@ -16,13 +17,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import urllib3
 import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
+
+if TYPE_CHECKING:
+    from conftest import E2ECluster
 
 #: The ``kubeplane`` console script next to this interpreter (the project's venv).
 KUBEPLANE = str(Path(sys.executable).with_name("kubeplane"))
@@ -150,3 +154,48 @@ def run_cli(
             process.kill()
             process.wait()
     return Run(lines=lines, returncode=process.returncode, killed=killed, seconds=time.monotonic() - started)
+
+
+def explain(cluster: E2ECluster) -> tuple[int, dict[str, Any], float]:
+    """``kubeplane health --explain -o json``: its exit code, its document, the seconds it took."""
+    started = time.monotonic()
+    result = cluster.cli("health", "--explain", "-o", "json", timeout=120)
+    elapsed = time.monotonic() - started
+    assert result.stdout.strip(), result.stderr
+    return result.returncode, json.loads(result.stdout), elapsed
+
+
+def wait_for_diagnosis(
+    cluster: E2ECluster,
+    diagnosis: str,
+    node: str | None,
+    *,
+    quoting: str = "",
+    timeout: float = 180,
+) -> dict[str, Any]:
+    """Run ``health --explain`` until it reports ``diagnosis`` on ``node``, with an evidence line
+    containing ``quoting`` (a failure takes a while to show: a container has to crash and log, a
+    status has to be reported); return that diagnosis."""
+    found: list[dict[str, Any]] = []
+    last: dict[str, Any] = {}
+
+    def reported() -> bool:
+        nonlocal last
+        code, last, elapsed = explain(cluster)
+        found[:] = [
+            d
+            for d in last["diagnoses"]
+            if d["id"] == diagnosis and d["node"] == node and any(quoting in line for line in d["evidence"])
+        ]
+        if found:
+            print(f"health --explain found {diagnosis} in {elapsed:.1f}s (exit {code})")
+            print(json.dumps(last["diagnoses"], indent=2))
+            assert code == 1 and last["healthy"] is False
+        return bool(found)
+
+    try:
+        wait_until(f"health --explain to diagnose {diagnosis} on {node}", reported, timeout=timeout)
+    except (AssertionError, pytest.fail.Exception):
+        print(json.dumps(last.get("diagnoses"), indent=2))
+        raise
+    return found[0]

@@ -10,21 +10,24 @@
      server" on a single control plane node) and one that crash-loops kube-controller-manager:
      the diagnosis quotes the container's ``unknown flag`` log line;
    - the worker's control plane endpoint pointed at another cluster (the shared 3+1 cluster's
-     load balancer): the worker's controllers get x509 "unknown authority" errors.
+     load balancer): the worker's controllers get x509 "unknown authority" errors;
+   - the CSR approval manifest's ClusterRoleBinding deleted from the cluster, and the worker's
+     kubelet made to join again (the guide's ``nodes "X" not found``): its CSR stays pending;
+     undone with the commands the diagnosis names.
 
-The other branches of the guide (missing CSR approval manifests, an unreachable trustd, stale
-etcd data) are unit-tested on hand-built evidence (tests/unit/ops).
+Stale etcd data is made and diagnosed in test_reset.py (a reset that keeps etcd's data).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
-import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from e2e_clients import wait_until
+from cryptography import x509
+from e2e_clients import explain, wait_for_diagnosis, wait_until
 
 from kubeplane.ops import health
 
@@ -36,14 +39,6 @@ pytestmark = pytest.mark.e2e
 
 #: An ``extraArgs`` flag no Kubernetes component knows: the container exits right after start.
 BOGUS_FLAG = "kubeplane-e2e-no-such-flag"
-
-
-def explain(cluster: E2ECluster) -> tuple[int, dict[str, Any], float]:
-    started = time.monotonic()
-    result = cluster.cli("health", "--explain", "-o", "json", timeout=120)
-    elapsed = time.monotonic() - started
-    assert result.stdout.strip(), result.stderr
-    return result.returncode, json.loads(result.stdout), elapsed
 
 
 def _services_up(cluster: E2ECluster) -> bool:
@@ -115,42 +110,6 @@ def _kubelet_up(cluster: E2ECluster, node: str) -> bool:
     return bool(document.get("running") and document["health"]["healthy"])
 
 
-def wait_for_diagnosis(
-    cluster: E2ECluster,
-    diagnosis: str,
-    node: str | None,
-    *,
-    quoting: str = "",
-    timeout: float = 180,
-) -> dict[str, Any]:
-    """Run ``health --explain`` until it reports ``diagnosis`` on ``node``, with an evidence line
-    containing ``quoting`` (a failure takes a while to show: a container has to crash and log, a
-    status has to be reported); return that diagnosis."""
-    found: list[dict[str, Any]] = []
-    last: dict[str, Any] = {}
-
-    def reported() -> bool:
-        nonlocal last
-        code, last, elapsed = explain(cluster)
-        found[:] = [
-            d
-            for d in last["diagnoses"]
-            if d["id"] == diagnosis and d["node"] == node and any(quoting in line for line in d["evidence"])
-        ]
-        if found:
-            print(f"health --explain found {diagnosis} in {elapsed:.1f}s (exit {code})")
-            print(json.dumps(last["diagnoses"], indent=2))
-            assert code == 1 and last["healthy"] is False
-        return bool(found)
-
-    try:
-        wait_until(f"health --explain to diagnose {diagnosis} on {node}", reported, timeout=timeout)
-    except (AssertionError, pytest.fail.Exception):
-        print(json.dumps(last.get("diagnoses"), indent=2))
-        raise
-    return found[0]
-
-
 def _machine_config(cluster: E2ECluster, node: str) -> dict[str, Any]:
     result = cluster.cli("-n", node, "get", "mc", "-o", "json")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -203,12 +162,20 @@ def _in_node(cluster: E2ECluster, address: str, script: str) -> None:
 
 def _rejoin_with_endpoint(cluster: E2ECluster, node: str, endpoint: str) -> None:
     """Give ``node`` the control plane ``endpoint`` (live: its node API keeps its certificate) and
-    make its kubelet join again through it: stopped, its client certificate removed, started (it
-    bootstraps with the token through the endpoint of the saved config)."""
+    make its kubelet join again through it."""
     _patch(cluster, node, "/cluster/controlPlane/endpoint", endpoint)
+    _kubelet_joins_again(cluster, node)
+
+
+def _kubelet_joins_again(cluster: E2ECluster, node: str, *, before_start: str = "") -> None:
+    """Stop ``node``'s kubelet, remove its client certificate, run the kubectl ``before_start``
+    arguments if any, start it: it bootstraps with the token through the saved config's endpoint."""
     stopped = cluster.cli("-n", node, "service", "kubelet", "stop")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     _in_node(cluster, node, "rm -f /etc/kubernetes/kubelet.conf /var/lib/kubelet/pki/kubelet-client-*")
+    if before_start:
+        done = cluster.kubectl(*before_start.split())
+        assert done.returncode == 0, done.stdout + done.stderr
     started = cluster.cli("-n", node, "service", "kubelet", "start")
     assert started.returncode == 0, started.stdout + started.stderr
 
@@ -234,3 +201,62 @@ def test_endpoint_of_another_cluster_is_diagnosed_on_the_node(
     finally:
         _rejoin_with_endpoint(cluster_1cp1w, worker, before)
         _healthy_again(cluster_1cp1w)
+
+
+def _hostname(cluster: E2ECluster, node: str) -> str:
+    result = cluster.cli("-n", node, "get", "nodeaddresses", "-o", "json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return str(json.loads(result.stdout.splitlines()[0])["spec"]["hostname"])
+
+
+def _pending_csrs(cluster: E2ECluster, hostname: str) -> list[str]:
+    result = cluster.kubectl("get", "csr", "-o", "json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [
+        csr["metadata"]["name"]
+        for csr in json.loads(result.stdout)["items"]
+        if not (csr.get("status") or {}).get("conditions")
+        and hostname in _csr_subject(csr["spec"]["request"])
+    ]
+
+
+def _csr_subject(request: str) -> str:
+    return x509.load_pem_x509_csr(base64.b64decode(request)).subject.rfc4514_string()
+
+
+def test_deleted_csr_approval_binding_leaves_the_node_unregistered(cluster_1cp1w: E2ECluster) -> None:
+    # The guide's `nodes "X" not found` with its CSR pending: the bootstrap manifests were applied,
+    # then the binding that lets kube-controller-manager approve node CSRs was deleted.
+    cluster = cluster_1cp1w
+    cp, worker = cluster.control_plane[0], cluster.workers[0]
+    host = _hostname(cluster, worker)
+    binding = "auto-approve-csrs-for-group"
+    deleted = cluster.kubectl("delete", "clusterrolebinding", binding)
+    assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+    try:
+        _kubelet_joins_again(cluster, worker, before_start=f"delete node {host}")
+        found = wait_for_diagnosis(
+            cluster, "node-not-registered", worker, quoting=f"{binding} missing", timeout=240
+        )
+        assert f'nodes "{host}" not found' in found["cause"] and "nothing approves it" in found["cause"]
+        assert any(line.endswith(": Pending") and line.startswith("CSR ") for line in found["evidence"])
+        manifest = f"kubeplane -n {cp} get manifests 01-csr-approver-role-binding -o yaml"
+        assert manifest in found["commands"], found["commands"]
+        approve = [c for c in found["commands"] if c.startswith("kubectl certificate approve ")]
+        assert approve, found["commands"]
+        # Not blamed on a kubelet that does not run: it runs, waiting for its certificate.
+        _, document, _ = explain(cluster)
+        assert "kubelet-not-running" not in {d["id"] for d in document["diagnoses"]}, document["diagnoses"]
+    finally:
+        # The fix the diagnosis names: create the manifest's objects again, approve what is pending.
+        shown = cluster.cli("-n", cp, "get", "manifests", "01-csr-approver-role-binding", "-o", "json")
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        for item in json.loads(shown.stdout.splitlines()[0])["spec"]["items"]:
+            created = subprocess.run(
+                [*cluster.kubectl_argv(), "apply", "-f", "-"],
+                input=json.dumps(item), capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            assert created.returncode == 0, created.stdout + created.stderr
+        for name in _pending_csrs(cluster, host):
+            cluster.kubectl("certificate", "approve", name)
+        _healthy_again(cluster)

@@ -11,6 +11,10 @@ As the third seed's "Resetting a Machine" guide runs it, with our CLI:
 3. rejoin: the same machine gets its config back with ``apply-config --insecure`` and comes back
    as a new etcd member; ``health`` passes (test_upgrade.py runs on this cluster next and needs
    three voters).
+4. stale etcd data, made for real: a graceful reset that keeps etcd's data (``--wipe`` without
+   ``etcd``) and the config given back: etcd starts from the data of the member the reset removed,
+   its peers refuse it, and ``health --explain`` says so (``etcd-stale-data``) naming the fix,
+   ``reset --graceful=false --wipe etcd --reboot``; run as named, the node joins again.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from e2e_clients import wait_until
+from e2e_clients import wait_for_diagnosis, wait_until
 
 if TYPE_CHECKING:
     from conftest import E2ECluster
@@ -125,11 +129,7 @@ def test_reset_refuses_to_break_quorum_then_resets_and_the_node_rejoins(
     host = hostname_of(cluster, node)
     assert voters(cluster, first) == {hostname_of(cluster, cp) for cp in cluster.control_plane}
 
-    # The config to give the machine back (the admin may read it whole, secrets included).
-    shown = cluster.cli("-n", node, "get", "mc", "-o", "json")
-    assert shown.returncode == 0, shown.stderr
-    saved = tmp_path / "controlplane.yaml"
-    saved.write_text(yaml.safe_dump(json.loads(shown.stdout.splitlines()[0])["spec"], sort_keys=False))
+    saved = saved_config(cluster, node, tmp_path / "controlplane.yaml")  # to give the machine back
 
     # 1. Refused while it would cost the quorum.
     stopped = cluster.cli("-n", second, "service", "etcd", "stop")
@@ -194,3 +194,44 @@ def test_reset_refuses_to_break_quorum_then_resets_and_the_node_rejoins(
     health = cluster.cli("health", "--wait-timeout", "5m", timeout=400)
     assert health.returncode == 0, health.stdout + health.stderr
     print(f"rejoin of {host}: healthy after {time.monotonic() - started_at:.1f}s")
+
+
+def saved_config(cluster: E2ECluster, node: str, path: Path) -> Path:
+    """The node's machine config in a file (the admin may read it whole, secrets included)."""
+    shown = cluster.cli("-n", node, "get", "mc", "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    path.write_text(yaml.safe_dump(json.loads(shown.stdout.splitlines()[0])["spec"], sort_keys=False))
+    return path
+
+
+def test_etcd_data_kept_by_a_reset_is_diagnosed_as_stale_and_the_named_fix_works(
+    cluster_3cp1w: E2ECluster, tmp_path: Path
+) -> None:
+    cluster = cluster_3cp1w
+    first, _, node = cluster.control_plane
+    host = hostname_of(cluster, node)
+    everyone = {hostname_of(cluster, cp) for cp in cluster.control_plane}
+    wait_until("three etcd voters", lambda: voters(cluster, first) == everyone, timeout=300)
+    saved = saved_config(cluster, node, tmp_path / "controlplane.yaml")
+
+    reset = cluster.cli("-n", node, "reset", "--reboot", "--wipe", "state,kubelet,containerd", timeout=600)
+    assert reset.returncode == 0, reset.stdout + reset.stderr
+    assert voters(cluster, first) == everyone - {host}
+    rejoin = cluster.cli("-n", node, "apply-config", "--insecure", "--file", str(saved), timeout=120)
+    assert rejoin.returncode == 0, rejoin.stdout + rejoin.stderr
+    try:
+        found = wait_for_diagnosis(cluster, "etcd-stale-data", node, quoting="removed", timeout=240)
+        assert "stale data" in found["cause"]
+        fix = f"kubeplane -n {node} reset --graceful=false --wipe etcd --reboot"
+        assert found["commands"][0] == fix, found["commands"]
+    finally:
+        # The fix, as the diagnosis names it.
+        fixed = cluster.cli(
+            "-n", node, "reset", "--graceful=false", "--wipe", "etcd", "--reboot", timeout=600
+        )
+        assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+        wait_until(
+            "the node to be an etcd voter again", lambda: voters(cluster, first) == everyone, timeout=300
+        )
+        health = cluster.cli("health", "--wait-timeout", "5m", timeout=400)
+        assert health.returncode == 0, health.stdout + health.stderr

@@ -11,16 +11,17 @@ The branches, in the guide's order (``id`` of the diagnosis in brackets):
 - a node whose node API does not answer: a worker waits for trustd [``worker-node-api-unreachable``],
   a control plane node is down [``node-api-unreachable``];
 - kubelet not running [``kubelet-not-running``];
-- etcd: not running (crashing, or stuck preparing) [``etcd-not-running``]; a non-bootstrap node
-  waiting to join through the Kubernetes API [``etcd-waiting-to-join``]; no node bootstrapped
-  at all [``etcd-not-bootstrapped``];
+- etcd: not running (crashing, or stuck preparing) [``etcd-not-running``]; starting from stale
+  data, a member the cluster removed or another cluster's, as its log says [``etcd-stale-data``];
+  a non-bootstrap node waiting to join through the Kubernetes API [``etcd-waiting-to-join``]; no
+  node bootstrapped at all [``etcd-not-bootstrapped``];
 - static pod definitions not generated [``static-pods-not-rendered``];
 - "an error on the server": the endpoint does not answer; kube-apiserver exited on a node
   [``apiserver-not-running``] or runs everywhere and the endpoint still fails
   [``endpoint-not-answering``];
 - ``nodes "X" not found``: a kubelet without its client certificate — no CSR (endpoint), CSR
-  pending while kube-controller-manager is down or the CSR approval manifests are not applied,
-  CSR denied [``node-not-registered``];
+  pending while kube-controller-manager is down, the CSR approval manifests are not applied or
+  their ClusterRoleBinding is gone from the cluster, CSR denied [``node-not-registered``];
 - node not ready: the CNI [``node-not-ready``];
 - ``x509: certificate signed by unknown authority``: the endpoint points at another cluster
   [``endpoint-other-cluster``], seen by this client or in a node's controller errors;
@@ -42,13 +43,22 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from kubeplane.controllers.k8s.manifests import CSR_BINDINGS
 from kubeplane.ops import health
 
 APISERVER = "kube-apiserver"
 CONTROLLER_MANAGER = "kube-controller-manager"
 SCHEDULER = "kube-scheduler"
 #: The bootstrap manifests a kubelet's client certificate request depends on (auto-approval).
-CSR_MANIFESTS = ("01-csr-node-bootstrap", "01-csr-approver-role-binding")
+CSR_MANIFESTS = tuple(CSR_BINDINGS)
+CREATOR, APPROVER = CSR_MANIFESTS
+#: What etcd logs when its data dir holds a member its peers no longer know: one the cluster
+#: removed (a reset that kept etcd's data, a member removed by hand) or one of another cluster.
+_STALE_ETCD = re.compile(
+    r"permanently removed from the cluster|data-dir used by this member must be removed|"
+    r"cluster ID mismatch|member count is unequal",
+    re.IGNORECASE,
+)
 #: A controller counts as still failing with this many failures in the evidence window ...
 CONTROLLER_FAILURES = 3
 #: ... the last one at most this many seconds before the evidence was taken (the controller
@@ -171,6 +181,9 @@ class KubeEvidence:
     nodes: tuple[KubeNode, ...] = ()
     pods: tuple[Pod, ...] = ()
     csrs: tuple[Csr, ...] = ()
+    #: The names of the kubelet TLS bootstrap's ClusterRoleBindings (:data:`CSR_BINDINGS`) that
+    #: exist in the cluster; None when they could not be read.
+    csr_bindings: tuple[str, ...] | None = None
     #: The issuer of the certificate the endpoint serves, and the subject of the cluster CA the
     #: kubeconfig trusts (read only when TLS failed).
     endpoint_issuer: str | None = None
@@ -345,6 +358,8 @@ def _kubelet(evidence: Evidence) -> list[Diagnosis]:
         kubelet = node.services.get("kubelet")
         if kubelet is not None and kubelet.up:
             continue
+        if kubelet is not None and kubelet.running and _bootstrapping(evidence, node):
+            continue  # node-not-registered explains it
         why = kubelet.events[-1] if kubelet is not None and kubelet.events else "no event"
         reason = (
             "it was stopped (kubeplane service kubelet stop, or a reboot): start it again"
@@ -362,6 +377,13 @@ def _kubelet(evidence: Evidence) -> list[Diagnosis]:
             )
         )
     return found
+
+
+def _bootstrapping(evidence: Evidence, node: NodeEvidence) -> bool:
+    """Whether the node's kubelet may still wait for its client certificate: its Node is not
+    registered. A kubelet serves its health endpoint only once it has that certificate, so until
+    then it runs but looks unhealthy."""
+    return evidence.kube.answers and _kube_node(evidence, node.address) is None
 
 
 def _waiting_to_join(service: Service) -> bool:
@@ -412,6 +434,29 @@ def _etcd(evidence: Evidence) -> list[Diagnosis]:
                 )
             )
             continue
+        stale = _stale_etcd_lines(node)
+        if stale:
+            members = [cp for cp in evidence.controlplanes if cp != node.address]
+            found.append(
+                Diagnosis(
+                    id="etcd-stale-data",
+                    node=node.address,
+                    cause="etcd on this node starts from stale data: its data dir holds a member its "
+                    "peers no longer know (removed from the cluster, e.g. by a reset that kept etcd's "
+                    "data, or another cluster's), so they refuse it and it exits; wipe the node's etcd "
+                    "data and the node joins again as a new member",
+                    evidence=(
+                        *_service_evidence(etcd, "etcd"),
+                        *(f"log etcd: {line}" for line in stale[-2:]),
+                    ),
+                    commands=(
+                        _cmd(node.address, "reset", "--graceful=false", "--wipe", "etcd", "--reboot"),
+                        *(_cmd(cp, "etcd", "members") for cp in members[:1]),
+                    ),
+                    checks=checks,
+                )
+            )
+            continue
         role = "the bootstrap node" if node.bootstrap_node else "this control plane node"
         found.append(
             Diagnosis(
@@ -425,6 +470,16 @@ def _etcd(evidence: Evidence) -> list[Diagnosis]:
             )
         )
     return found
+
+
+#: How many of etcd's last log lines count as its latest runs (one failed start logs about 50).
+RECENT_ETCD_LINES = 150
+
+
+def _stale_etcd_lines(node: NodeEvidence) -> list[str]:
+    """etcd's recent log lines that say its data belongs to a member its peers do not know."""
+    recent = node.logs.get("etcd", ())[-RECENT_ETCD_LINES:]
+    return [line.strip() for line in recent if _STALE_ETCD.search(line)]
 
 
 def _stopped(service: Service) -> bool:
@@ -637,11 +692,22 @@ def _not_registered(evidence: Evidence) -> list[Diagnosis]:
     managers = [pod for pod in kube.pods if pod.app == CONTROLLER_MANAGER and pod.ready]
     controlplanes = _reachable(evidence, control_plane=True)
     applied = [node for node in controlplanes if all(m in node.manifests_applied for m in CSR_MANIFESTS)]
+    present = kube.csr_bindings
+    missing = [] if present is None else [m for m in CSR_MANIFESTS if CSR_BINDINGS[m] not in present]
+    binding_lines = (
+        []
+        if present is None
+        else [
+            "kubelet TLS bootstrap ClusterRoleBindings: "
+            + ", ".join(f"{b} {'present' if b in present else 'missing'}" for b in CSR_BINDINGS.values())
+        ]
+    )
     found = []
     for node in evidence.nodes.values():
         if _kube_node(evidence, node.address) is not None or node.unreachable is not None:
             continue
-        if not _is_up(node, "kubelet"):
+        kubelet = node.services.get("kubelet")
+        if kubelet is None or not kubelet.running:
             continue  # kubelet-not-running explains it
         csrs = [csr for csr in kube.csrs if node.hostname and csr.node_name == node.hostname]
         pending = [csr for csr in csrs if csr.condition == "Pending"]
@@ -656,10 +722,22 @@ def _not_registered(evidence: Evidence) -> list[Diagnosis]:
                 "its client certificate request is pending: the bootstrap manifests that auto-approve "
                 f"it ({', '.join(CSR_MANIFESTS)}) are not applied"
             )
+        elif pending and APPROVER in missing:
+            why = (
+                "its client certificate request is pending: nothing approves it, because the "
+                f"ClusterRoleBinding {CSR_BINDINGS[APPROVER]} (bootstrap manifest {APPROVER}) is missing "
+                "from the cluster although the manifest was applied (deleted since)"
+            )
         elif pending:
             why = "its client certificate request is pending, not approved"
         elif denied:
             why = "its client certificate request was denied"
+        elif not csrs and CREATOR in missing:
+            why = (
+                "it has not asked for a client certificate: its bootstrap token may not create one, "
+                f"because the ClusterRoleBinding {CSR_BINDINGS[CREATOR]} (bootstrap manifest {CREATOR}) "
+                "is missing from the cluster although the manifest was applied (deleted since)"
+            )
         else:
             why = (
                 "it has not asked for a client certificate: its kubelet cannot reach the control plane "
@@ -684,11 +762,19 @@ def _not_registered(evidence: Evidence) -> list[Diagnosis]:
                     "kube-controller-manager Ready on: "
                     + (", ".join(p.host_ip for p in managers) or "no node"),
                     *manifest_lines,
+                    *binding_lines,
                     *_log_evidence(node, "kubelet"),
                 ),
                 commands=(
                     "kubectl get csr",
+                    *(f"kubectl certificate approve {c.name}" for c in pending[-1:]),
                     *(_cmd(cp.address, "get", "manifeststatuses", "-o", "yaml") for cp in controlplanes[:1]),
+                    # What to create again (the manifests are create-only, applied once).
+                    *(
+                        _cmd(cp.address, "get", "manifests", m, "-o", "yaml")
+                        for cp in controlplanes[:1]
+                        for m in missing
+                    ),
                     _cmd(node.address, "logs", "kubelet"),
                 ),
                 checks=(health.NODES_READY,),

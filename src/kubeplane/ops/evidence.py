@@ -10,10 +10,12 @@ that cannot connect fails within the client's timeout).
 Per node: services, hostname, recent controller failures (the node's ``controller`` events of the
 last :data:`EVENT_WINDOW` seconds), CRI containers; on a control plane node also the StaticPods,
 the kubelet manifest directory, the ManifestStatuses, the BootstrapStatus and whether the etcd
-bootstrap marker is there. Then, once the Kubernetes answer is in, the last :data:`LOG_TAIL`
-lines of the logs that explain a failure: kubelet's when it is down or its node is not
-registered or not Ready, etcd's when it is down, a control plane container's when it is not running. A read
-that fails leaves its part empty; only a node whose first call fails is reported ``unreachable``.
+bootstrap marker is there. From the Kubernetes API: readyz, Nodes, kube-system pods, CSRs and
+whether the kubelet TLS bootstrap's ClusterRoleBindings still exist. Then, once the Kubernetes
+answer is in, the last :data:`LOG_TAIL` lines of the logs that explain a failure: kubelet's when
+it is down or its node is not registered or not Ready, etcd's when it is down, a control plane
+container's when it is not running. A read that fails leaves its part empty; only a node whose
+first call fails is reported ``unreachable``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from cryptography.x509.oid import NameOID
 from kubeplane import api, pki
 from kubeplane.clients import errors as client_errors
 from kubeplane.clients import kube as kube_client
+from kubeplane.controllers.k8s.manifests import CSR_BINDINGS
 from kubeplane.ops import diagnose, health
 
 #: Seconds of controller events read per node.
@@ -106,6 +109,11 @@ async def _kube(
             found["pods"] = tuple(_pod(p) for p in pods)
             csrs = await client.list("/apis/certificates.k8s.io/v1/certificatesigningrequests")
             found["csrs"] = tuple(_csr(c) for c in csrs)
+            bindings = await client.list("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings")
+            wanted = set(CSR_BINDINGS.values())
+            found["csr_bindings"] = tuple(
+                sorted(name for b in bindings if (name := b["metadata"]["name"]) in wanted)
+            )
     except (client_errors.KubeError, OSError) as exc:
         found["error"] = " ".join(str(exc).split())[:300] or type(exc).__name__
         tls = isinstance(exc, client_errors.KubeForbidden) and "TLS failed" in str(exc)

@@ -182,6 +182,29 @@ def test_etcd_crashing_on_the_bootstrap_node_points_at_extra_args_and_old_data()
     assert "log etcd: unknown flag: --bogus" in found.evidence
 
 
+def test_etcd_starting_from_a_removed_members_data_is_stale_data() -> None:
+    etcd = Service(
+        id="etcd",
+        state="Waiting",
+        running=False,
+        events=("[Failed]: Service exited with code 1", "[Waiting]: Restarting in 4.00s (restart 5)"),
+    )
+    removed = '{"msg":"server error","error":"the member has been permanently removed from the cluster"}'
+    must = '{"level":"warn","msg":"data-dir used by this member must be removed"}'
+    node = healthy().nodes[CPS[2]]
+    evidence = with_node(
+        healthy(), CPS[2], services=services(node, etcd=etcd), logs={"etcd": ("starting", removed, must)}
+    )
+    found = only(failing(evidence, health.ETCD_HEALTHY, f"node {CPS[2]}: unavailable"))
+    assert (found.id, found.node) == ("etcd-stale-data", CPS[2])
+    assert "stale data" in found.cause and "joins again as a new member" in found.cause
+    assert f"log etcd: {removed}" in found.evidence and f"log etcd: {must}" in found.evidence
+    assert found.commands == (
+        f"kubeplane -n {CPS[2]} reset --graceful=false --wipe etcd --reboot",
+        f"kubeplane -n {CPS[0]} etcd members",
+    )
+
+
 def test_etcd_on_another_control_plane_node_waits_for_the_kubernetes_api() -> None:
     etcd = Service(
         id="etcd",
@@ -304,6 +327,36 @@ def test_node_not_found_with_a_pending_csr_and_no_approval_manifests() -> None:
     assert found.id == "node-not-registered"
     assert "01-csr-approver-role-binding" in found.cause and "not applied" in found.cause
     assert f"node {CPS[0]} ManifestStatuses: no CSR manifest applied" in found.evidence
+
+
+def test_node_not_found_with_a_pending_csr_and_the_approver_binding_deleted() -> None:
+    # The manifests were applied (ManifestStatuses says so) but the binding is gone from the cluster.
+    pending = Csr("csr-x", "worker-1", "system:bootstrap:abc", "Pending")
+    found = only(unregistered(csrs=(pending,), csr_bindings=("create-csrs-for-bootstrapping",)))
+    assert found.id == "node-not-registered"
+    assert "ClusterRoleBinding auto-approve-csrs-for-group" in found.cause and "missing" in found.cause
+    assert (
+        "kubelet TLS bootstrap ClusterRoleBindings: create-csrs-for-bootstrapping present, "
+        "auto-approve-csrs-for-group missing"
+    ) in found.evidence
+    assert "kubectl certificate approve csr-x" in found.commands
+    assert f"kubeplane -n {CPS[0]} get manifests 01-csr-approver-role-binding -o yaml" in found.commands
+
+
+def test_a_kubelet_waiting_for_its_certificate_is_not_called_not_running() -> None:
+    # Until its CSR is signed the kubelet runs without serving its health endpoint.
+    pending = Csr("csr-x", "worker-1", "system:bootstrap:abc", "Pending")
+    waiting = dataclasses.replace(up("kubelet"), healthy=False, health_message="connection refused")
+    evidence = unregistered(csrs=(pending,), csr_bindings=("create-csrs-for-bootstrapping",))
+    evidence = with_node(evidence, WORKER, services=services(evidence.nodes[WORKER], kubelet=waiting))
+    found = only(evidence)
+    assert (found.id, found.node) == ("node-not-registered", WORKER)
+
+
+def test_node_not_found_without_a_csr_and_the_creator_binding_deleted() -> None:
+    found = only(unregistered(csr_bindings=("auto-approve-csrs-for-group",)))
+    assert "may not create one" in found.cause and "create-csrs-for-bootstrapping" in found.cause
+    assert f"kubeplane -n {CPS[0]} get manifests 01-csr-node-bootstrap -o yaml" in found.commands
 
 
 def test_node_not_ready_points_at_the_cni_pods() -> None:

@@ -149,6 +149,10 @@ class FakeKube:
                     },
                 }
             ]
+        if path.endswith("/clusterrolebindings"):
+            # The approver binding was deleted; other bindings are not reported.
+            names = ("create-csrs-for-bootstrapping", "system:default-sa")
+            return [{"metadata": {"name": name}} for name in names]
         key = pki.generate_key()
         request = pki.new_csr(key=key, common_name="system:node:node-3", organizations=("system:nodes",))
         return [
@@ -184,6 +188,7 @@ def test_gather_reads_nodes_and_the_kubernetes_api() -> None:
     (pod,) = found.kube.pods
     assert (pod.app, pod.ready, pod.restarts, pod.reason) == ("kube-scheduler", False, 3, "CrashLoopBackOff")
     assert found.kube.csrs == (diagnose.Csr("csr-1", "node-3", "system:bootstrap:abc", "Pending"),)
+    assert found.kube.csr_bindings == ("create-csrs-for-bootstrapping",)
     # The worker is not registered: its kubelet log is read even though kubelet runs.
     assert nodes[WORKER].logs_read == ["kubelet"]
     assert found.nodes[WORKER].logs["kubelet"] == ("line 1", "line 2")

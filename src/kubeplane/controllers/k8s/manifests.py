@@ -45,6 +45,12 @@ _KUBE_SYSTEM = "kube-system"
 # Every bootstrap token authenticates as a member of this group; binding to it (rather than to a
 # token-specific extra group) keeps the RBAC valid when the token is rotated.
 _BOOTSTRAPPERS = "system:bootstrappers"
+#: The ClusterRoleBinding of each bootstrap manifest a kubelet's TLS bootstrap needs: one lets the
+#: bootstrap token create a CSR, the other lets kube-controller-manager approve it.
+CSR_BINDINGS = {
+    "01-csr-node-bootstrap": "create-csrs-for-bootstrapping",
+    "01-csr-approver-role-binding": "auto-approve-csrs-for-group",
+}
 _IN_CLUSTER_CONFIGMAP = "kubeconfig-in-cluster"
 _SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # Tolerate every NoSchedule/NoExecute taint: node agents must run on control plane nodes too.
@@ -83,12 +89,12 @@ def render_bootstrap_manifests(inputs: ManifestInputs) -> dict[str, list[dict[st
         "00-kubelet-bootstrapping-token": [_bootstrap_token_secret(inputs.bootstrap_token)],
         "01-csr-node-bootstrap": [
             _cluster_role_binding(
-                "create-csrs-for-bootstrapping", "system:node-bootstrapper", [_group(_BOOTSTRAPPERS)]
+                CSR_BINDINGS["01-csr-node-bootstrap"], "system:node-bootstrapper", [_group(_BOOTSTRAPPERS)]
             )
         ],
         "01-csr-approver-role-binding": [
             _cluster_role_binding(
-                "auto-approve-csrs-for-group",
+                CSR_BINDINGS["01-csr-approver-role-binding"],
                 "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
                 [_group(_BOOTSTRAPPERS)],
             )
