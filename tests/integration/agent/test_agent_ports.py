@@ -87,6 +87,10 @@ def test_node_api_and_trustd_on_configured_ports(cluster: Cluster, tmp_path: Pat
     log = (worker.paths.logs / "kubeplaned.log").read_text()
     assert f"trustd at {controlplane.address}:{TRUSTD_PORT} signed the node API certificate" in log
 
+    # A node entry may name the port itself.
+    explicit = booted(cluster, admin, "-n", f"{worker.address}:{NODE_API_PORT}")
+    assert explicit is not None
+    assert explicit["servers"][0]["maintenance"] is False
     # Both nodes at once through the one endpoint: each reply labelled with its node.
     both = booted(cluster, admin, "-n", f"{controlplane.address},{worker.address}")
     assert both is not None
