@@ -10,15 +10,15 @@ from pathlib import Path
 import click
 
 import kubeplane
-from kubeplane import metrics
+from kubeplane import config, metrics
 from kubeplane.agent.node import Node
 from kubeplane.config.paths import NodePaths
 from kubeplane.runtime import LOGGER_NAME as CONTROLLER_RUNTIME
 from kubeplane.services.logs import RotatingLogWriter
 
 #: Where ``/metrics`` is served by default (on the node API's address): next to 50000 (node API)
-#: and 50001 (trustd).
-METRICS_PORT = 50010
+#: and 50001 (trustd); the config's ``machine.ports`` may not take it.
+METRICS_PORT = config.defaults.DEFAULT_METRICS_PORT
 
 
 class _StreamHandler(logging.Handler):
@@ -66,7 +66,12 @@ async def _serve(node: Node) -> None:
     help="Node root directory: machine config, secrets, logs and service state live under it.",
 )
 @click.option(
-    "--listen", default="0.0.0.0:50000", show_default=True, metavar="ADDR:PORT", help="Node API address."
+    "--listen",
+    default=f"0.0.0.0:{config.defaults.DEFAULT_NODE_API_PORT}",
+    show_default=True,
+    metavar="ADDR:PORT",
+    help="Node API address. Once booted with a config that sets machine.ports.nodeAPI, the node API "
+    "listens on that port instead (maintenance mode always uses this one); trustd listens on ADDR too.",
 )
 @click.option(
     "--node-name", metavar="NAME", help="Name of this node (default: config hostname or listen address)."

@@ -211,9 +211,13 @@ class Node:
                 node=self.name,
                 credentials=credentials,
                 proxy_credentials=proxy,
-                listen=self.listen,
+                listen=self._secure_listen(model.machine),
                 local_names=self._local_names(),
+                proxy_port=model.machine.node_api_port,
             )
+        if self._trustd is not None and self._trustd.port != model.machine.trustd_port:
+            await self._trustd.stop()  # machine.ports.trustd changed: serve on the new port
+            self._trustd = None
         os_ca = model.machine.ca
         if credentials is not None and os_ca is not None and os_ca.key and self._trustd is None:
             trustd_server = trustd.TrustdServer(
@@ -222,7 +226,8 @@ class Node:
                 credentials=credentials,
                 endpoint=model.cluster.control_plane.endpoint,
             )
-            await trustd_server.start(f"{self._listen_host or '0.0.0.0'}:{trustd.PORT}")  # noqa: S104
+            host = self._listen_host or "0.0.0.0"  # noqa: S104
+            await trustd_server.start(trustd.target(host, model.machine.trustd_port))
             self._trustd = trustd_server
         log.info("node %s booted as %s", self.name, model.machine.type)
         self.events.emit("sequence", "boot", f"node {self.name} booted as {model.machine.type}")
@@ -260,6 +265,16 @@ class Node:
         if self._server is not None:
             await self._server.stop(grace=1.0)
             self._server = None
+
+    def _secure_listen(self, machine: config.models.Machine) -> str:
+        """Where the secure node API listens: ``--listen``, on ``machine.ports.nodeAPI`` when set.
+
+        Maintenance mode always uses ``--listen``: a node without a config is found on the port
+        it was started with; the config then moves its API to the cluster's port.
+        """
+        if machine.ports is None or machine.ports.node_api is None:
+            return self.listen
+        return f"{self.listen.rpartition(':')[0]}:{machine.ports.node_api}"
 
     def _addresses(self) -> list[str]:
         """The node's addresses, the one it listens on first (what peers know it by)."""
@@ -330,11 +345,12 @@ class Node:
         while True:
             try:
                 crt = await trustd.request_certificate(
-                    targets=trustd.endpoints(endpoint),
+                    targets=trustd.endpoints(endpoint, port=model.machine.trustd_port),
                     token=model.machine.token or "",
                     csr=csr,
                     ca=ca.crt_pem(),
                     discover=discover,
+                    port=model.machine.trustd_port,
                 )
                 break
             except trustd.TrustdError as exc:

@@ -10,7 +10,8 @@ Modules:
 - :mod:`~kubeplane.api.client`: :class:`NodeClient`;
 - :mod:`~kubeplane.api.transport`: one channel to one endpoint (shared by client and proxy).
 
-Transport. Service ``kubeplane.machine.Machine`` on port 50000, registered without generated
+Transport. Service ``kubeplane.machine.Machine`` on port 50000 (``machine.ports.nodeAPI``; the
+client takes ``host:port`` endpoints for another port), registered without generated
 code: requests and responses are JSON documents (see :mod:`kubeplane.api.wire`). The secure
 server requires client certificates signed by the OS CA; the maintenance server (a node without
 a machine config) speaks TLS with a self-signed certificate, takes no client certificates and
@@ -22,8 +23,9 @@ read files, or touch resource types the node flags as sensitive. Refusals are PE
 naming the role and the call; a certificate with no kubeplane role is refused outright.
 
 Proxying. A call whose metadata has ``nodes: a,b,c`` is checked against the caller's role on the
-receiving node, then sent concurrently to each node (``a`` → ``a:50000``; a name of the receiving
-node itself is served in-process). Unary answers are ``{"replies": [{node, result | error}]}``,
+receiving node, then sent concurrently to each node (``a`` → ``a:PORT``, the receiving node's own
+``machine.ports.nodeAPI`` unless the entry is ``a:port``; a name of the receiving node itself is
+served in-process). Unary answers are ``{"replies": [{node, result | error}]}``,
 stream messages each carry their ``node``; one node failing (down, refusing, erroring) is an
 error entry for that node and the others still answer. The receiving node forwards with its own
 client certificate (O=``kubeplane:proxy``, issued by the OS CA) and adds ``kubeplane-role: ROLE``

@@ -1,7 +1,8 @@
 """trustd: control plane nodes sign the node API certificates of workers that know the machine token.
 
 Workers' configs carry the OS CA certificate without its key, so they cannot issue their own
-node API server certificates. A control plane node serves trustd on port 50001: one gRPC method,
+node API server certificates. A control plane node serves trustd on port 50001 (or
+``machine.ports.trustd``, the same on every node): one gRPC method,
 ``/kubeplane.node.v1.Trustd/Certificate`` (``proto/kubeplane/node/v1/trustd.proto``, with server
 reflection) — request ``CertificateRequest{token, csr}`` (PEM CSR), response
 ``CertificateResponse{crt, ca}`` — and, for workers older than the schema, the same as JSON
@@ -71,10 +72,12 @@ from grpc_reflection.v1alpha import reflection
 from kubeplane import pki
 from kubeplane.api import auth, errors, schema, wire
 from kubeplane.clients import kube
+from kubeplane.config import defaults
 
 log = logging.getLogger("kubeplaned.trustd")
 
-PORT = 50001
+#: trustd's port unless ``machine.ports.trustd`` says otherwise.
+PORT = defaults.DEFAULT_TRUSTD_PORT
 METHOD = schema.TRUSTD_METHOD
 #: The JSON wire of trustd from before the schema; still served, never called.
 LEGACY_SERVICE = "kubeplane.trustd.Trustd"
@@ -395,16 +398,20 @@ class TrustdServer:
 # --- the worker's side -------------------------------------------------------------------------
 
 
-def target(host: str) -> str:
-    """``host:50001`` (``[host]:50001`` for an IPv6 address)."""
-    return f"[{host}]:{PORT}" if ":" in host else f"{host}:{PORT}"
+def target(host: str, port: int = PORT) -> str:
+    """``host:port`` (``[host]:port`` for an IPv6 address)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def endpoints(control_plane_endpoint: str, others: Sequence[str] = ()) -> list[str]:
-    """``host:50001`` targets to try: the control plane endpoint's host first, then ``others``."""
+def endpoints(control_plane_endpoint: str, others: Sequence[str] = (), *, port: int = PORT) -> list[str]:
+    """``host:port`` targets to try: the control plane endpoint's host first, then ``others``.
+
+    ``port`` is the cluster's trustd port (``machine.ports.trustd``): the control plane nodes
+    serve trustd on the port the worker's own config names.
+    """
     host = urllib.parse.urlsplit(control_plane_endpoint).hostname or ""
     hosts = [host, *others] if host else list(others)
-    return [target(h) for h in dict.fromkeys(hosts)]
+    return [target(h, port) for h in dict.fromkeys(hosts)]
 
 
 def endpoint_addresses(document: object) -> list[str]:
@@ -455,12 +462,13 @@ async def request_certificate(
     ca: bytes,
     timeout: float = 5.0,
     discover: Callable[[], Awaitable[Sequence[str]]] | None = None,
+    port: int = PORT,
 ) -> bytes:
     """The PEM certificate trustd signs; tries ``targets`` in order, then the discovered ones.
 
     ``csr`` is a PEM CSR, or a function of the local address a target is reached from (None when
     unknown) giving the CSR to send there. ``discover``, called only when every target failed,
-    gives more hosts (control plane node addresses) to try, or raises TrustdError. Raises
+    gives more hosts (control plane node addresses) to try on ``port``, or raises TrustdError. Raises
     :class:`TrustdError` naming every target and its failure; a ``PERMISSION_DENIED`` (wrong
     token, a refused request) is raised at once: every control plane node would refuse the same.
     """
@@ -486,7 +494,7 @@ async def request_certificate(
         else:
             if not hosts:
                 failures.append("discovering the control plane nodes: none listed")
-            crt = await attempt([target(host) for host in hosts])
+            crt = await attempt([target(host, port) for host in hosts])
     if crt is None:
         raise TrustdError("no trustd signed the node certificate: " + "; ".join(failures))
     return crt

@@ -43,12 +43,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kubeplane.api import errors
+from kubeplane.config import defaults
 
 #: The typed node API (kubeplane/node/v1/machine.proto); the client and forwarding nodes call it.
 SERVICE = "kubeplane.node.v1.Machine"
 #: The JSON wire of the same calls, from before the schema; still served, never called.
 LEGACY_SERVICE = "kubeplane.machine.Machine"
-DEFAULT_PORT = 50000
+#: The node API's port unless ``machine.ports.nodeAPI`` (or ``host:port`` endpoints) say otherwise.
+DEFAULT_PORT = defaults.DEFAULT_NODE_API_PORT
 
 #: Comma-separated node list the receiving server forwards the call to.
 MD_NODES = "nodes"

@@ -87,7 +87,7 @@ def context(name: str) -> None:
 @config.command()
 @click.argument("endpoints", nargs=-1, required=True)
 def endpoints(endpoints: tuple[str, ...]) -> None:
-    """Set the endpoints of the context (addresses of nodes running the API)."""
+    """Set the endpoints of the context (addresses of nodes running the API; HOST or HOST:PORT)."""
     obj = connect.options()
     addresses = _split(endpoints)
     updated = _update(lambda current: client_config.set_endpoints(current, addresses, context=obj.context))

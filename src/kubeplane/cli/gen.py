@@ -116,6 +116,17 @@ def secrets_cmd(output: str, force: bool) -> None:
     metavar="PATCH|@FILE",
     help="RFC 6902 JSON patch (a list) or merge patch (a mapping), JSON or YAML, applied to every config.",
 )
+@click.option(
+    "--node-api-port",
+    type=click.IntRange(1, 65535),
+    help=f"machine.ports.nodeAPI of every config (default {defaults.DEFAULT_NODE_API_PORT}); "
+    "the client config's endpoint gets it too.",
+)
+@click.option(
+    "--trustd-port",
+    type=click.IntRange(1, 65535),
+    help=f"machine.ports.trustd of every config (default {defaults.DEFAULT_TRUSTD_PORT}).",
+)
 @click.option("--with-init", is_flag=True, help="Also write init.yaml (type init) for the first node.")
 @click.option(
     "--from-secrets", type=click.Path(dir_okay=False), help="Reuse the PKI of a `gen secrets` bundle."
@@ -131,6 +142,8 @@ def config_cmd(
     dns_domain: str,
     registry_mirrors: tuple[str, ...],
     config_patches: tuple[str, ...],
+    node_api_port: int | None,
+    trustd_port: int | None,
     with_init: bool,
     from_secrets: str | None,
     force: bool,
@@ -155,6 +168,8 @@ def config_cmd(
             dns_domain=dns_domain,
             registry_mirrors=gen_config.parse_mirrors(registry_mirrors),
             with_init=with_init,
+            node_api_port=node_api_port,
+            trustd_port=trustd_port,
             patches=tuple(_load_patch(value) for value in config_patches),
         )
         generated = gen_config.generate(options, bundle)

@@ -85,7 +85,11 @@ def _split(values: tuple[str, ...]) -> tuple[str, ...]:
     help="Context of the client config to use (default: current; env KUBEPLANECONTEXT).",
 )
 @click.option(
-    "-e", "--endpoints", multiple=True, metavar="ADDR[,ADDR]", help="Node API endpoints to connect to."
+    "-e",
+    "--endpoints",
+    multiple=True,
+    metavar="ADDR[,ADDR]",
+    help="Node API endpoints to connect to: HOST, HOST:PORT or [IPv6]:PORT (default port 50000).",
 )
 @click.option(
     "-n", "--nodes", multiple=True, metavar="NODE[,NODE]", help="Nodes to target (proxied via the endpoint)."

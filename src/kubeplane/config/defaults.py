@@ -38,6 +38,25 @@ DEFAULT_ETCD_IMAGE: Final = image(ETCD_IMAGE, ETCD_VERSION)
 DEFAULT_COREDNS_IMAGE: Final = image(COREDNS_IMAGE, COREDNS_VERSION)
 
 DEFAULT_LOCAL_API_SERVER_PORT: Final = 6443
+#: The node API (``machine.ports.nodeAPI``): what the CLI dials, and what a node forwards ``-n`` to.
+DEFAULT_NODE_API_PORT: Final = 50000
+#: trustd (``machine.ports.trustd``): where workers get their node API certificate.
+DEFAULT_TRUSTD_PORT: Final = 50001
+#: Where kubeplaned serves Prometheus metrics unless ``--metrics-port`` says otherwise.
+DEFAULT_METRICS_PORT: Final = 50010
+#: TCP ports other services of a node listen on, with who uses them: the node API and trustd
+#: must not take one (the API server's port is ``cluster.controlPlane.localAPIServerPort``).
+RESERVED_NODE_PORTS: Final = {
+    2379: "etcd client",
+    2380: "etcd peer",
+    10248: "kubelet healthz",
+    10249: "kube-proxy metrics",
+    10250: "kubelet API",
+    10256: "kube-proxy healthz",
+    10257: "kube-controller-manager",
+    10259: "kube-scheduler",
+    DEFAULT_METRICS_PORT: "kubeplaned metrics",
+}
 DEFAULT_DNS_DOMAIN: Final = "cluster.local"
 DEFAULT_POD_SUBNETS: Final = ("10.244.0.0/16",)
 DEFAULT_SERVICE_SUBNETS: Final = ("10.96.0.0/12",)

@@ -74,6 +74,9 @@ class GenOptions:
     #: Node API endpoints of the client config context (default: the host of ``endpoint``).
     client_endpoints: tuple[str, ...] = ()
     with_init: bool = False
+    #: ``machine.ports`` of every config (None: the default 50000 and 50001, left out of the file).
+    node_api_port: int | None = None
+    trustd_port: int | None = None
     #: Applied in order to every document (see :func:`parse_patch`), then each result is validated.
     patches: tuple[Patch, ...] = ()
 
@@ -244,10 +247,21 @@ def generate(options: GenOptions, secrets: SecretsBundle) -> GeneratedConfigs:
         lifetime=ADMIN_CERT_LIFETIME,
     )
     context = client.Context.from_pem(
-        endpoints=options.client_endpoints or (host,), ca=secrets.os_ca.cert, client=admin
+        endpoints=options.client_endpoints or (_node_api_endpoint(host, documents),),
+        ca=secrets.os_ca.cert,
+        client=admin,
     )
     client_config = client.add_context(client.ClientConfig(), options.cluster_name, context)
     return GeneratedConfigs(documents=documents, client_config=client_config)
+
+
+def _node_api_endpoint(host: str, documents: Mapping[str, Document]) -> str:
+    """``host``, or ``host:port`` when the configs (options or patches) move the node API's port."""
+    ports = next(iter(documents.values()))["machine"].get("ports") or {}
+    port = ports.get("nodeAPI")
+    if port is None or port == defaults.DEFAULT_NODE_API_PORT:
+        return host
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _document(
@@ -266,6 +280,9 @@ def _document(
         "kubelet": {"image": f"{KUBELET_IMAGE}:{version}"},
         "network": {},
     }
+    ports = {"nodeAPI": options.node_api_port, "trustd": options.trustd_port}
+    if any(port is not None for port in ports.values()):
+        machine["ports"] = {name: port for name, port in ports.items() if port is not None}
     if options.registry_mirrors:
         machine["registries"] = {
             "mirrors": {host: {"endpoints": list(urls)} for host, urls in options.registry_mirrors.items()}

@@ -302,6 +302,17 @@ class SystemDiskEncryption(Model):
     ephemeral: EncryptionConfig | None = None
 
 
+class MachinePorts(Model):
+    """TCP ports of the node's own services (docs/ports.md).
+
+    Nodes dial each other on them (a node forwards ``-n OTHER`` to OTHER's node API, a worker asks
+    the control plane's trustd), so every node of a cluster must carry the same values.
+    """
+
+    node_api: Port | None = Field(default=None, alias="nodeAPI")
+    trustd: Port | None = None
+
+
 MachineType = Literal["init", "controlplane", "join", "worker"]
 
 
@@ -320,6 +331,19 @@ class Machine(Model):
     sysctls: dict[NonEmptyStr, Str] | None = None
     registries: Registries | None = None
     system_disk_encryption: SystemDiskEncryption | None = None
+    ports: MachinePorts | None = None
+
+    @property
+    def node_api_port(self) -> int:
+        """The node API's port (``machine.ports.nodeAPI``, default 50000)."""
+        port = self.ports.node_api if self.ports else None
+        return port if port is not None else defaults.DEFAULT_NODE_API_PORT
+
+    @property
+    def trustd_port(self) -> int:
+        """trustd's port (``machine.ports.trustd``, default 50001)."""
+        port = self.ports.trustd if self.ports else None
+        return port if port is not None else defaults.DEFAULT_TRUSTD_PORT
 
     @property
     def is_control_plane(self) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from kubeplane.config import machine_files, models
+from kubeplane.config import defaults, machine_files, models
 from kubeplane.config.errors import DOCUMENT_PATH, ConfigError, FieldError, join_path
 from kubeplane.config.scalars import Bool, decode_base64
 
@@ -61,6 +61,7 @@ def validate(data: Any, *, mode: Mode | None = None) -> tuple[models.Config, lis
         errors.extend(check_cluster(cluster))
     if machine is not None and cluster is not None:
         errors.extend(check_roles(machine, cluster))
+        errors.extend(check_ports(machine, cluster))
     if mode is not None and machine is not None:
         errors.extend(check_mode(machine, mode))
     if errors:
@@ -428,6 +429,22 @@ def check_roles(machine: models.Machine, cluster: models.Cluster) -> Iterator[Fi
     for path, secret in secrets.items():
         if secret:
             yield FieldError(path, f"a {machine.role} config must not carry this private key (remove it)")
+
+
+def check_ports(machine: models.Machine, cluster: models.Cluster) -> Iterator[FieldError]:
+    """The node API and trustd ports differ from each other and from every other port a node uses."""
+    taken = {
+        **defaults.RESERVED_NODE_PORTS,
+        cluster.local_api_server_port: "kube-apiserver (cluster.controlPlane.localAPIServerPort)",
+    }
+    if machine.node_api_port == machine.trustd_port:
+        yield FieldError(
+            "machine.ports.trustd",
+            f"{machine.trustd_port} is also the node API's port (machine.ports.nodeAPI): give each its own",
+        )
+    for name, port in (("nodeAPI", machine.node_api_port), ("trustd", machine.trustd_port)):
+        if port in taken:
+            yield FieldError(f"machine.ports.{name}", f"{port} is already the port of {taken[port]}")
 
 
 def check_mode(machine: models.Machine, mode: Mode) -> Iterator[FieldError]:

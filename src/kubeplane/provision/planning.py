@@ -242,7 +242,14 @@ def _node_config(document: gen.Document, *, hostname: str) -> str:
     patched = gen.apply_patches(document, [{"machine": {"network": {"hostname": hostname}}}])
     text = gen.dump_yaml(patched)
     try:
-        config_mod.load(text)
+        machine = config_mod.load(text).model.machine
     except config_mod.ConfigError as exc:
         raise PlanError(f"the machine config of node {hostname} is invalid: {exc}") from exc
+    default_ports = (config_defaults.DEFAULT_NODE_API_PORT, config_defaults.DEFAULT_TRUSTD_PORT)
+    if (machine.node_api_port, machine.trustd_port) != default_ports:
+        # The provisioner reaches its nodes' node API on the default port (docs/ports.md).
+        raise PlanError(
+            f"the machine config of node {hostname} sets machine.ports: local clusters keep the "
+            f"default ports ({default_ports[0]}, {default_ports[1]}); drop it from the config patches"
+        )
     return text

@@ -87,7 +87,7 @@ def test_error_string_lists_every_problem() -> None:
         '  machine.type: "master" is not allowed (expected init, controlplane, join or worker)\n'
         "  machine.colour: unknown field (expected one of: type, token, ca, certSANs, kubelet,"
         " network, disks, "
-        "install, files, env, time, sysctls, registries, systemDiskEncryption)"
+        "install, files, env, time, sysctls, registries, systemDiskEncryption, ports)"
     )
 
 

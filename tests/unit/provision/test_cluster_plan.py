@@ -104,6 +104,10 @@ def test_role_patches_apply_to_their_role_only(secrets: gen.SecretsBundle) -> No
         ({"cidr": "10.5.0.0/30", "workers": 2}, "usable addresses"),
         ({"cidr": "10.5.0.1/24"}, "cluster CIDR"),
         ({"kubernetes_version": "1.20"}, "1.20"),
+        (
+            {"worker_patches": ({"machine": {"ports": {"nodeAPI": 51000}}},)},
+            "sets machine.ports: local clusters keep the default ports (50000, 50001)",
+        ),
     ],
 )
 def test_mistakes_are_plan_errors(
