@@ -25,8 +25,9 @@ holds with a different next hop make :func:`plan` return errors (naming the conf
 change at all, so an interface is never left half-configured.
 
 An interface with ``wireguard`` is a WireGuard device (:attr:`Desired.wireguard`,
-:mod:`kubeplane.services.wireguard`): the controller has it created (a userspace
-``wireguard-go``) and configured before planning, then it is planned like any other link.
+:mod:`kubeplane.services.wireguard`): the controller checks the plan against the node as it
+will be with the device (:func:`with_devices`), and only then has it created (a userspace
+``wireguard-go``) and configured, and plans it like any other link.
 
 Not implemented (reported in :attr:`Desired.unsupported`, never silently dropped): ``dhcp`` (no
 DHCP client runs; the interface gets its static settings only), ``bond``, ``vlans``, ``dummy``
@@ -250,6 +251,15 @@ def desired(network: models.MachineNetwork | None) -> Desired:
         errors=tuple(errors),
         wireguard=tuple(devices.values()),
     )
+
+
+def with_devices(wanted: Desired, observed: Observed) -> Observed:
+    """``observed`` plus a down link for each WireGuard device it lacks: the node as it will be once
+    the devices are made, to check the plan against before making any of them."""
+    links = dict(observed.links)
+    for device in wanted.wireguard:
+        links.setdefault(device.name, ObservedLink(device.name, index=0, mtu=0, up=False, oper_state="DOWN"))
+    return dataclasses.replace(observed, links=links)
 
 
 def plan(wanted: Desired, observed: Observed) -> Plan:

@@ -7,12 +7,14 @@ comes back) it
    runs a userspace ``wireguard-go`` for each WireGuard device it asks for and stops the ones it
    no longer does (:class:`kubeplane.services.wireguard_io.Daemons`, which the node stops when it
    stops), and gives each device its keys, port and peers over its UAPI socket, so the device is
-   a configured link before it is planned; a device that cannot be made (``wireguard-go`` not
-   installed, say) is an error in the status and nothing else is changed; then it observes the
-   node's links, addresses and routes over netlink, and plans the changes between them
-   (:func:`kubeplane.services.machinenet.plan`): pure, and all-or-nothing, so a config with an
-   interface the node lacks changes nothing and says why in
-   ``network/MachineNetworkStatuses/current`` (``errors``, naming the config field);
+   a configured link before it is planned; all this only once the plan checked out against the
+   node as it will be with the devices (:func:`kubeplane.services.machinenet.with_devices`), and
+   a device that cannot be made (``wireguard-go`` not installed, say) is an error in the status
+   and nothing else is changed; then it observes the node's links, addresses and routes over
+   netlink, and plans the changes between them (:func:`kubeplane.services.machinenet.plan`):
+   pure, and all-or-nothing, so a config with an interface the node lacks changes nothing (no
+   WireGuard device is made either) and says why in ``network/MachineNetworkStatuses/current``
+   (``errors``, naming the config field);
 2. applies the plan over netlink (:mod:`kubeplane.services.machinenet_io`): links up and their
    MTU, addresses and main-table routes marked with protocol 76, removing only what carries that
    mark, so the provisioner's primary address and everyone else's routes are never touched;
@@ -135,10 +137,11 @@ class MachineNetworkController:
         network = MachineConfig.from_dict(resource.spec.to_dict()).model.machine.network
         wanted = machinenet.desired(network)
         try:
-            if not wanted.errors:
+            outcome = await asyncio.to_thread(self._check, wanted)
+            if not outcome.errors:
                 for name in await self.wireguard.converge(device.name for device in wanted.wireguard):
                     ctx.logger.info("started wireguard-go for %s", name)
-            outcome = await asyncio.to_thread(self._apply, wanted, ctx.logger)
+                outcome = await asyncio.to_thread(self._apply, wanted, ctx.logger)
         except (machinenet_io.MachineNetworkError, wireguard_io.WireguardError, OSError) as exc:
             self._log_errors(ctx.logger, (f"cannot apply machine.network, will retry: {exc}",))
             self._publish_status(ctx, wanted, (str(exc),))
@@ -155,10 +158,16 @@ class MachineNetworkController:
                 logger.error("%s", error)
         self._logged = errors
 
+    def _check(self, wanted: machinenet.Desired) -> _Outcome:
+        """The errors that keep ``wanted`` from being applied, before anything is made: the
+        config's own, and the plan's against the node with its WireGuard devices (blocking)."""
+        observed = self.network.observe()
+        errors = wanted.errors or machinenet.plan(wanted, machinenet.with_devices(wanted, observed)).errors
+        return _Outcome(observed=observed, errors=errors)
+
     def _apply(self, wanted: machinenet.Desired, logger: ControllerLogger) -> _Outcome:
-        """Plan against the node and apply (blocking: runs in a thread); the node afterwards."""
-        if wanted.errors:
-            return _Outcome(observed=self.network.observe(), errors=wanted.errors)
+        """Configure the WireGuard devices, plan against the node and apply (blocking: runs in a
+        thread); the node afterwards."""
         for device in wanted.wireguard:
             if self.network.configure_wireguard(device):
                 logger.info("configured %s with %d peers (%s)", device.name, len(device.peers), device.field)

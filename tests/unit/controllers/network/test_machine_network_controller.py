@@ -303,3 +303,26 @@ def test_without_wireguard_go_the_status_says_so_and_nothing_changes(tmp_path: P
         assert node.applied == [] and node.devices == {} and "wg0" not in node.observed.links
 
     run([ctl], body)
+
+
+def test_a_missing_interface_keeps_the_wireguard_device_from_being_made(tmp_path: Path) -> None:
+    node = SimulatedWireguard()
+    (tmp_path / "etc").mkdir()
+    ctl = machine_network.MachineNetworkController(
+        paths=NodePaths(tmp_path), network=node, wireguard=node, retry_interval=0.05
+    )
+
+    async def body(state: State) -> None:
+        publish_config(state, config({"interfaces": [WG0, {"interface": "eth9", "cidr": "10.9.9.9/24"}]}))
+        await eventually(lambda: status(state).get("errors"), what="the error")
+        assert status(state)["errors"] == [
+            "machine.network.interfaces[1].interface: interface eth9 does not exist on this node"
+        ]
+        # All or nothing: no wireguard-go started, nothing configured or applied.
+        assert "wg0" not in node.observed.links and node.devices == {} and node.applied == []
+
+        publish_config(state, config({"interfaces": [WG0]}))
+        await eventually(lambda: specs(state, catalog.WIREGUARD_DEVICES), what="the device published")
+        assert status(state)["errors"] == []
+
+    run([ctl], body)
