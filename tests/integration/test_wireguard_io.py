@@ -1,8 +1,9 @@
 """WireGuard devices for real, in a namespace of the test's own (with a private ``/run``, so the
 UAPI socket is the test's and never the host's): a supervised ``wireguard-go`` brings the device
 up, the UAPI set request configures it as ``wg show`` then reports, setting it again changes
-nothing, a device whose process was killed is started again, and removing it from the wanted set
-stops its process, by PID, and the link is gone with it."""
+nothing, a device whose process was killed is started again, a device another process runs is
+refused, and removing it from the wanted set stops its process, by PID, and the link is gone
+with it."""
 
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ async def main():
     new_pid = daemons.pid("wg0")
     out["new_pid"] = new_pid not in (None, pid)
     out["links_running"] = links()
+    try:
+        await wireguard_io.Daemons(log_dir=Path(sys.argv[1])).converge(["wg0"])
+    except wireguard_io.WireguardError as exc:
+        out["other_agent"] = str(exc)
     await daemons.converge([])
     out["links_after"] = links()
     out["pid_after"] = daemons.pid("wg0")
@@ -82,4 +87,6 @@ def test_a_device_is_started_configured_restarted_and_stopped(netns: NetNS, tmp_
     # Killed: started again (its stale socket does not count as the new one's).
     assert out["restarted"] == ["wg0"] and out["new_pid"] is True
     assert "wg0" in out["links_running"]
+    # Another agent's Daemons never takes over (or kills) a device it did not start.
+    assert out["other_agent"].startswith("wg0 is already run by a process this agent did not start")
     assert "wg0" not in out["links_after"] and out["pid_after"] is None and out["alive_after"] is False

@@ -3,10 +3,13 @@
 Without a kernel module a device is the TUN interface of a userspace ``wireguard-go``, run in the
 foreground (``wireguard-go -f <name>``) as a child of the agent, so it can be supervised and
 stopped: :class:`Daemons` starts one per configured device (its output in the node's log
-``wireguard-<name>``), starts it again if it exited, and stops it, by the PID it got from
-spawning it (:class:`kubeplane.services.process.Process`, the same process handling the
-supervisor uses), when the device leaves the config or the node stops. The TUN device goes away
-with its process, so nothing of a removed device is left behind.
+``wireguard-<name>``), starts it again if it exited (the controller's next reconcile, within its
+resync interval), and stops it, by the PID it got from spawning it
+(:class:`kubeplane.services.process.Process`, the same process handling the supervisor uses),
+when the device leaves the config or the node stops. The TUN device goes away with its process,
+so nothing of a removed device is left behind. A device whose socket another process already
+serves (one this agent did not start) is an error, never taken over: kubeplane addresses
+processes only by the PIDs it got from spawning them.
 
 The device is configured through its UAPI socket (:func:`configure`; the protocol, and why it
 rather than ``wg setconf``, is in :mod:`kubeplane.services.wireguard`). Its addresses, MTU and up
@@ -139,7 +142,11 @@ class Daemons:
                 f"implementation (this kernel has no wireguard module; apt-get install {BINARY})"
             )
         socket_path = self.socket_dir / f"{name}.sock"
-        _remove_stale(socket_path)
+        if _answers(socket_path):
+            raise WireguardError(
+                f"{name} is already run by a process this agent did not start ({socket_path} answers); "
+                "stop that process, then the agent starts its own"
+            )
         log = logs.RotatingLogWriter(self.log_dir / f"wireguard-{name}.log")
         # WG_PROCESS_FOREGROUND is what wireguard-go sets for its own daemonised child: with it,
         # it skips the banner that recommends the kernel module this kernel does not have.
@@ -170,16 +177,18 @@ class Daemons:
             log.close()
 
 
-def _remove_stale(path: Path) -> None:
-    """Remove the socket a killed ``wireguard-go`` left behind (nobody answers on it), so the wait
-    for the new process's socket does not end at the old one. A live socket is left alone: the
-    new process then fails to create the device and says so."""
+def _answers(path: Path) -> bool:
+    """Whether a process serves the UAPI socket ``path``. A socket nobody answers on, left by a
+    killed ``wireguard-go``, is removed, so the wait for the new process's socket does not end at
+    the old one."""
     if not path.exists():
-        return
+        return False
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         try:
             sock.connect(str(path))
         except ConnectionRefusedError:
             path.unlink(missing_ok=True)
+            return False
         except OSError:
-            return
+            return False
+    return True
