@@ -6,14 +6,18 @@ network), run by a userspace ``wireguard-go`` under the node's agent. The contro
 the worker ping each other's tunnel address from inside their namespaces; ``wg show`` inside each
 node lists the other as a peer with a recent handshake (the worker's with the control plane's
 endpoint on port 51111 and a 5 s keepalive), and ``kubeplane get wireguard`` shows the same.
+Removing the worker's wg0 with an ``--immediate`` patch stops its ``wireguard-go`` (the agent's
+child) and the link goes with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import subprocess
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -88,3 +92,31 @@ def test_two_nodes_ping_each_other_over_the_tunnel(cluster_wireguard: E2ECluster
     assert peer["endpoint"] == f"{controlplane}:51111"
     assert peer["allowedIPs"] == [f"{tunnel_ip(controlplane)}/32"]
     assert peer["persistentKeepaliveInterval"] == 5
+
+
+def test_removing_wg0_from_the_config_stops_its_wireguard_go(cluster_wireguard: E2ECluster) -> None:
+    cluster = cluster_wireguard
+    (worker,) = cluster.workers
+    record = next(node for node in cluster.state().nodes if node.ip == worker)
+    agent = record.processes["kubeplaned"].pid
+
+    def wireguard_go() -> list[int]:
+        """The agent's wireguard-go children."""
+        found = []
+        for child in Path(f"/proc/{agent}/task/{agent}/children").read_text().split():
+            with contextlib.suppress(FileNotFoundError):  # it may just have exited
+                if Path(f"/proc/{child}/comm").read_text().strip() == "wireguard-go":
+                    found.append(int(child))
+        return found
+
+    (running,) = wireguard_go()
+    result = cluster.cli(
+        "-n", worker, "patch", "mc", "--immediate", "-p",
+        json.dumps([{"op": "remove", "path": "/machine/network/interfaces"}]),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    wait_until("the worker's wireguard-go to stop", lambda: not wireguard_go(), timeout=60)
+    assert not Path(f"/proc/{running}").exists()
+    assert "wg0" not in inside(agent, "ip", "-o", "link", "show")
+    shown = cluster.cli("-n", worker, "get", "wireguard", "-o", "json")
+    assert shown.returncode == 0 and not shown.stdout.strip(), shown.stdout + shown.stderr
