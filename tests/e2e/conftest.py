@@ -325,3 +325,18 @@ def cluster_selfhosted(
         workers=1,
         extra_args=("--self-hosted", "--checkpointer-grace-period", str(SELF_HOSTED_GRACE_PERIOD)),
     )
+
+
+@pytest.fixture(scope="module")
+def cluster_wireguard(
+    e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainPaths
+) -> Iterator[E2ECluster]:
+    """A fresh 1+1 cluster created with ``--wireguard-cidr`` (test_wireguard.py)."""
+    yield from _cluster(
+        e2e_env,
+        name="e2ewg",
+        cidr="10.5.29.0/24",
+        controlplanes=1,
+        workers=1,
+        extra_args=("--wireguard-cidr", "10.1.29.0/24"),
+    )

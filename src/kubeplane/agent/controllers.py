@@ -24,10 +24,12 @@ from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
 from kubeplane.controllers.secrets import render as render_secrets
 from kubeplane.controllers.secrets import render_etcd, root
 from kubeplane.runtime import Controller
+from kubeplane.services import wireguard_io
 
 
-def for_node(*, paths: NodePaths) -> list[Controller]:
-    """The controllers of a node whose files live under ``paths``."""
+def for_node(*, paths: NodePaths, wireguard: wireguard_io.Daemons) -> list[Controller]:
+    """The controllers of a node whose files live under ``paths``; ``wireguard`` runs the
+    processes behind its WireGuard devices (the node stops them when it stops)."""
     return [
         MachineTypeController(),
         root.RootSecretsController(),
@@ -43,5 +45,5 @@ def for_node(*, paths: NodePaths) -> list[Controller]:
         bootstrap_status.BootstrapStatusController(),
         manifest_apply.ManifestApplyController(),
         pod_network.PodNetworkController(paths=paths),
-        machine_network.MachineNetworkController(paths=paths),
+        machine_network.MachineNetworkController(paths=paths, wireguard=wireguard),
     ]

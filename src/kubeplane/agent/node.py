@@ -50,7 +50,7 @@ from kubeplane.config.paths import NodePaths
 from kubeplane.resources import catalog
 from kubeplane.runtime import Runtime
 from kubeplane.services import logs as service_logs
-from kubeplane.services import supervisor
+from kubeplane.services import supervisor, wireguard_io
 
 log = logging.getLogger("kubeplaned")
 
@@ -122,6 +122,7 @@ class Node:
         self.maintenance = True
         self.state: resources.State | None = None
         self._runtime: Runtime | None = None
+        self._wireguard: wireguard_io.Daemons | None = None
         self.services: NodeServices | None = None
         self._trustd: trustd.TrustdServer | None = None
         self._server: api.NodeAPIServer | None = None
@@ -184,7 +185,8 @@ class Node:
             spec=catalog.NodeAddressesSpec(hostname=self.name, addresses=self._addresses()),
         )
         runtime = Runtime(state, on_error=self._report_controller_error)
-        for controller in controllers.for_node(paths=self.paths):
+        self._wireguard = wireguard_io.Daemons(log_dir=self.paths.logs)
+        for controller in controllers.for_node(paths=self.paths, wireguard=self._wireguard):
             runtime.register(controller)
         await runtime.start()
         self.state, self._runtime = state, runtime
@@ -252,7 +254,11 @@ class Node:
             self.services = None
         if self._runtime is not None:
             await self._runtime.stop()
+        # After the controllers: none of them can start a device again.
+        if self._wireguard is not None:
+            await self._wireguard.stop_all()
         self._runtime = None
+        self._wireguard = None
         self.state = None
 
     async def _shutdown(self) -> None:

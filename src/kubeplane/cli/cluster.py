@@ -122,6 +122,13 @@ def cluster() -> None:
     help="Nameserver the cluster DNS forwards other names to (repeatable; the nodes' "
     "machine.network.nameservers). Default: none, names outside the cluster do not resolve in pods.",
 )
+@click.option(
+    "--wireguard-cidr",
+    metavar="CIDR",
+    help="Give every node a WireGuard interface wg0 with an address in CIDR (e.g. 10.1.0.0/24): "
+    f"control plane nodes listen on {planning.WIREGUARD_PORT}, every node peers with every control "
+    "plane node, keepalive 5s (runs wireguard-go, which must be installed).",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 def create(
     *,
@@ -139,6 +146,7 @@ def create(
     self_hosted: bool,
     checkpointer_grace_period: int,
     dns_upstreams: tuple[str, ...],
+    wireguard_cidr: str | None,
     dry_run: bool,
 ) -> None:
     """Create a local cluster: network, load balancer, registry, one agent per node, bootstrap.
@@ -161,6 +169,7 @@ def create(
             self_hosted=self_hosted,
             checkpointer_grace_period=checkpointer_grace_period,
             dns_upstreams=dns_upstreams,
+            wireguard_cidr=wireguard_cidr,
         )
         request = dataclasses.replace(request, service_subnet=_service_subnet(name))
         plan = planning.plan(request, progress=click.echo)

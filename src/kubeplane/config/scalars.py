@@ -113,6 +113,15 @@ def _duration(value: str) -> str:
     return value
 
 
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration_seconds(value: str) -> float:
+    """A duration that passed the check of :data:`Duration` (``5s``, ``1h30m``, ``0``) in seconds."""
+    return sum(float(number) * _DURATION_UNITS[unit] for number, unit in _DURATION_PART.findall(value))
+
+
 def _abs_path(value: str) -> str:
     if not value.startswith("/"):
         raise ValueError(f'"{value}" is not an absolute path (expected it to start with /)')

@@ -22,7 +22,7 @@ import pydantic
 
 from kubeplane.config import defaults, machine_files, models
 from kubeplane.config.errors import DOCUMENT_PATH, ConfigError, FieldError, join_path
-from kubeplane.config.scalars import Bool, decode_base64
+from kubeplane.config.scalars import Bool, decode_base64, duration_seconds
 
 #: Where the config will run: a real machine, a container, or a kubeplane local (netns) cluster.
 Mode = Literal["metal", "container", "local"]
@@ -332,6 +332,17 @@ def _check_interface(machine: models.Machine, interface: models.Interface, path:
                 f"{path}.wireguard.peers[{index}].endpoint",
                 f'"{endpoint}" is not HOST:PORT (expected e.g. 192.0.2.1:51820)',
             )
+        keepalive = peer.persistent_keepalive_interval
+        if keepalive and not _is_keepalive(duration_seconds(keepalive)):
+            yield FieldError(
+                f"{path}.wireguard.peers[{index}].persistentKeepaliveInterval",
+                f'"{keepalive}" is not a whole number of seconds up to 65535 (expected e.g. 5s or 25s)',
+            )
+
+
+def _is_keepalive(seconds: float) -> bool:
+    """WireGuard's persistent keepalive is whole seconds in 16 bits (0 turns it off)."""
+    return seconds.is_integer() and 0 <= seconds <= 65535
 
 
 def _check_routes(routes: list[models.Route] | None, path: str) -> Iterator[FieldError]:

@@ -3,7 +3,8 @@
 This layer does no I/O: it is handed PEM bytes and returns PEM bytes (or strings), and callers
 decide where they are stored. Modules:
 
-- :mod:`~kubeplane.pki.keys`: private key generation/parsing, public key export, service account key;
+- :mod:`~kubeplane.pki.keys`: private key generation/parsing, public key export, service account key,
+  WireGuard (X25519) key pairs in base64;
 - :mod:`~kubeplane.pki.certs`: :class:`CertKey`, CAs, leaf certificates, CSRs and signing,
   :func:`cert_info`, renewal checks, the kubeadm-style CA hash;
 - :mod:`~kubeplane.pki.tokens`: bootstrap tokens and random symmetric secrets;
@@ -59,6 +60,8 @@ from kubeplane.pki.keys import (
     load_private_key,
     public_key_pem,
     service_account_key,
+    wireguard_private_key,
+    wireguard_public_key,
 )
 from kubeplane.pki.kubeconfig import kubeconfig
 from kubeplane.pki.tokens import BOOTSTRAP_TOKEN_RE, bootstrap_token, random_secret
@@ -109,4 +112,6 @@ __all__ = [
     "service_account_key",
     "sign_csr",
     "split_sans",
+    "wireguard_private_key",
+    "wireguard_public_key",
 ]

@@ -9,10 +9,11 @@ Ed25519 has no traditional format and is written as PKCS#8. Every loader accepts
 
 from __future__ import annotations
 
+import base64
 from typing import Literal, get_args
 
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa, x25519
 
 from kubeplane.pki import errors
 
@@ -92,3 +93,18 @@ def key_algorithm(key: PrivateKey | PublicKey) -> str:
     if isinstance(key, rsa.RSAPrivateKey | rsa.RSAPublicKey):
         return f"rsa-{key.key_size}"
     return "ed25519"
+
+
+def wireguard_private_key() -> str:
+    """A new WireGuard private key: a Curve25519 (X25519) key, base64 as ``wg genkey`` prints it."""
+    raw = x25519.X25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    return base64.b64encode(raw).decode()
+
+
+def wireguard_public_key(private_key: str) -> str:
+    """The public key of a base64 WireGuard private key, base64 as ``wg pubkey`` prints it."""
+    key = x25519.X25519PrivateKey.from_private_bytes(base64.b64decode(private_key))
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.b64encode(raw).decode()

@@ -72,6 +72,8 @@ HOST_TOOLS = {
     "containerd": "containerd",
     "nsenter": "util-linux",
 }
+#: What the nodes run for ``--wireguard-cidr`` (this kernel has no wireguard module).
+WIREGUARD_TOOLS = {"wireguard-go": "wireguard-go"}
 
 
 def agent_command() -> list[str]:
@@ -91,8 +93,11 @@ def preflight(
     """Check the host can create the cluster without changing anything; return the toolchain paths."""
     if os.geteuid() != 0:
         raise PreflightError("local clusters need root (network namespaces, mounts, cgroups): run as root")
+    tools = dict(HOST_TOOLS)
+    if cluster_plan.request.wireguard_cidr is not None:
+        tools.update(WIREGUARD_TOOLS)
     missing = [
-        f"{tool} (Debian package {package})" for tool, package in HOST_TOOLS.items() if not shutil.which(tool)
+        f"{tool} (Debian package {package})" for tool, package in tools.items() if not shutil.which(tool)
     ]
     if missing:
         raise PreflightError(

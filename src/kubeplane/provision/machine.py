@@ -52,6 +52,8 @@ MACHINE_DIRS = (
     "etc/cni",
     "opt/containerd",
     "run/containerd",
+    # wireguard-go's UAPI sockets (a fixed path): each node's own devices.
+    "run/wireguard",
     "usr/libexec/kubernetes",
     "var/lib/cni",
     "var/lib/containerd",

@@ -13,6 +13,7 @@ import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 
 from kubeplane import config as config_mod
+from kubeplane import pki
 from kubeplane.config import client as client_config
 from kubeplane.config import defaults as config_defaults
 from kubeplane.config import generate as gen
@@ -48,6 +49,16 @@ class ClusterRequest:
     #: Where the cluster DNS forwards names outside the cluster (the nodes' nameservers); none:
     #: it answers only for the cluster (the host's resolver is not reachable from pods).
     dns_upstreams: tuple[str, ...] = ()
+    #: ``--wireguard-cidr``: a WireGuard network between the nodes (:func:`wireguard_interfaces`).
+    wireguard_cidr: str | None = None
+
+
+#: The port control plane nodes listen on for WireGuard (the guide's quick start).
+WIREGUARD_PORT = 51111
+#: How often a WireGuard peer keeps its tunnel alive, so a control plane node can always reach a
+#: worker that has no listening port of its own.
+WIREGUARD_KEEPALIVE = "5s"
+WIREGUARD_INTERFACE = "wg0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,13 +209,26 @@ def plan(
     # masquerades the host's traffic, so replies come back the same way).
     subnet = service_subnet(role_documents["controlplane"])
     network = dataclasses.replace(network, routes=((subnet, cp_ips[0]),))
+    tunnels = {}
+    if request.wireguard_cidr is not None:
+        nodes_of = [(node.name, roles[node.name], node.ip) for node in network.nodes]
+        tunnels = wireguard_interfaces(request.wireguard_cidr, nodes_of)
+        if ipaddress.ip_network(request.wireguard_cidr).overlaps(network.cidr):
+            raise PlanError(
+                f"--wireguard-cidr {request.wireguard_cidr} overlaps the cluster network {network.cidr}: "
+                "the tunnel needs addresses of its own (e.g. 10.1.0.0/24)"
+            )
     nodes = tuple(
         NodePlan(
             name=address.name,
             role=roles[address.name],
             ip=address.ip,
             netns=address.netns,
-            config=_node_config(role_documents[roles[address.name]], hostname=address.name),
+            config=_node_config(
+                role_documents[roles[address.name]],
+                hostname=address.name,
+                interfaces=[tunnels[address.name]] if address.name in tunnels else [],
+            ),
         )
         for address in network.nodes
     )
@@ -237,9 +261,59 @@ def _patched(document: gen.Document, patches: Sequence[gen.Patch], role: str) ->
         raise PlanError(f"--config-patch-{role}: {exc}") from exc
 
 
-def _node_config(document: gen.Document, *, hostname: str) -> str:
-    """The node's config: its role's document with its hostname, validated like the agent does."""
-    patched = gen.apply_patches(document, [{"machine": {"network": {"hostname": hostname}}}])
+def wireguard_interfaces(
+    cidr: str, nodes: Sequence[tuple[str, state_mod.Role, str]]
+) -> dict[str, dict[str, object]]:
+    """The ``wg0`` interface of each node (name, role, cluster address) for ``--wireguard-cidr``,
+    by node name, as the guide's quick start describes: control plane nodes listen on
+    :data:`WIREGUARD_PORT`, every node peers with every control plane node (at its cluster
+    address) and a control plane node with every other node too (a WireGuard peer is only accepted
+    when it is configured), each peer's allowed IPs are its tunnel address, kept alive every
+    :data:`WIREGUARD_KEEPALIVE`. Node N gets the Nth host address after the first, as on the
+    cluster network. Fresh keys every time (raises :class:`PlanError` for a bad CIDR)."""
+    try:
+        network = ipaddress.ip_network(cidr)
+    except ValueError as exc:
+        raise PlanError(f"--wireguard-cidr {cidr}: {exc}") from exc
+    if network.num_addresses < len(nodes) + 3:
+        raise PlanError(f"--wireguard-cidr {cidr} is too small for {len(nodes)} nodes")
+    keys = {name: pki.wireguard_private_key() for name, _, _ in nodes}
+    tunnel_ips = {name: network[index + 2] for index, (name, _, _) in enumerate(nodes)}
+    interfaces: dict[str, dict[str, object]] = {}
+    for name, role, _ in nodes:
+        peers = []
+        for other, other_role, other_ip in nodes:
+            if other == name or (role != "controlplane" and other_role != "controlplane"):
+                continue
+            peer: dict[str, object] = {
+                "publicKey": pki.wireguard_public_key(keys[other]),
+                "allowedIPs": [f"{tunnel_ips[other]}/{network.max_prefixlen}"],
+                "persistentKeepaliveInterval": WIREGUARD_KEEPALIVE,
+            }
+            if other_role == "controlplane":
+                peer["endpoint"] = f"{other_ip}:{WIREGUARD_PORT}"
+            peers.append(peer)
+        wireguard: dict[str, object] = {"privateKey": keys[name], "peers": peers}
+        if role == "controlplane":
+            wireguard["listenPort"] = WIREGUARD_PORT
+        interfaces[name] = {
+            "interface": WIREGUARD_INTERFACE,
+            "cidr": f"{tunnel_ips[name]}/{network.prefixlen}",
+            "wireguard": wireguard,
+        }
+    return interfaces
+
+
+def _node_config(
+    document: gen.Document, *, hostname: str, interfaces: Sequence[dict[str, object]] = ()
+) -> str:
+    """The node's config: its role's document with its hostname and ``interfaces`` added to the
+    ones the patches gave, validated like the agent does."""
+    patch: dict[str, object] = {"hostname": hostname}
+    if interfaces:
+        configured = ((document.get("machine") or {}).get("network") or {}).get("interfaces") or []
+        patch["interfaces"] = [*configured, *interfaces]
+    patched = gen.apply_patches(document, [{"machine": {"network": patch}}])
     text = gen.dump_yaml(patched)
     try:
         machine = config_mod.load(text).model.machine

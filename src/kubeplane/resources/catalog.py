@@ -27,6 +27,8 @@ MachineRoutes (eth0/NET/metric) network       ``link``, ``network``, ``gateway``
 MachineLinks (eth0)             network       ``mtu``, ``up``, ``operState``, ``configuredMtu``, ``field``
 MachineNetworkStatuses          network       ``hostname``, ``nameservers``, ``extraHostEntries``,
 (current)                                     ``errors``, ``unsupported``
+WireguardDevices (wg0)          network       ``publicKey``, ``listenPort``, ``peers`` (public keys,
+                                              endpoints, allowed IPs, latest handshakes)
 ==============================  ============  ================================================
 
 Sensitivity. A type is ``sensitive`` (only the admin role may get, list or watch it) when any of
@@ -44,7 +46,8 @@ readable when none of its resources can carry a secret:
   ManifestStatuses (manifest ids and apply errors, which name objects), BootstrapStatuses,
   Services, NodeAddresses, PodNetworkStatuses (CIDRs, node names and addresses), the machine
   network's MachineAddresses, MachineRoutes, MachineLinks and MachineNetworkStatuses (addresses,
-  routes, link settings, the hostname, resolvers and extra host entries, config field paths), and the
+  routes, link settings, the hostname, resolvers and extra host entries, config field paths),
+  WireguardDevices (public keys only, never the private key; peer endpoints), and the
   ``meta`` types (definitions and namespaces).
 
 Readers have no need for the sensitive types: ManifestStatuses tell which manifests were applied,
@@ -96,6 +99,7 @@ MACHINE_ADDRESSES = "MachineAddresses.network.kubeplane.dev"
 MACHINE_ROUTES = "MachineRoutes.network.kubeplane.dev"
 MACHINE_LINKS = "MachineLinks.network.kubeplane.dev"
 MACHINE_NETWORK_STATUSES = "MachineNetworkStatuses.network.kubeplane.dev"
+WIREGUARD_DEVICES = "WireguardDevices.network.kubeplane.dev"
 
 #: Well-known ids.
 MACHINE_CONFIG_ID = "v1alpha1"
@@ -247,6 +251,18 @@ class MachineLinkSpec(Spec):
 
 
 @dataclasses.dataclass(frozen=True)
+class WireguardDeviceSpec(Spec):
+    """A WireGuard device of ``machine.network`` as it reports itself: its ``publicKey`` (what its
+    peers configure), ``listenPort``, and per peer ``publicKey``, ``endpoint``, ``allowedIPs``,
+    ``persistentKeepaliveInterval`` (seconds), ``latestHandshake`` (Unix seconds, 0: none yet),
+    ``rxBytes`` and ``txBytes``."""
+
+    public_key: str = ""
+    listen_port: int = 0
+    peers: Sequence[Mapping[str, Any]] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class MachineNetworkStatusSpec(Spec):
     """The rest of ``machine.network`` as applied (``hostname``, ``nameservers``,
     ``extraHostEntries`` lines), the ``errors`` that kept the whole of it from being applied, and
@@ -262,6 +278,11 @@ class MachineNetworkStatusSpec(Spec):
 def _error_count(resource: Resource) -> str:
     spec = resource.spec
     return str(len(spec.errors)) if isinstance(spec, MachineNetworkStatusSpec) else ""
+
+
+def _peer_count(resource: Resource) -> str:
+    spec = resource.spec
+    return str(len(spec.peers)) if isinstance(spec, WireguardDeviceSpec) else ""
 
 
 def _route_count(resource: Resource) -> str:
@@ -446,6 +467,18 @@ DEFINITIONS = (
             PrintColumn("MTU", json_path="mtu"),
             PrintColumn("UP", json_path="up"),
             PrintColumn("STATE", json_path="operState"),
+        ),
+    ),
+    ResourceDefinition(
+        type=WIREGUARD_DEVICES,
+        display_type="WireguardDevice",
+        default_namespace=NETWORK_NAMESPACE,
+        spec_type=WireguardDeviceSpec,
+        aliases=("wireguard", "wg"),
+        print_columns=(
+            PrintColumn("PUBLIC KEY", json_path="publicKey"),
+            PrintColumn("PORT", json_path="listenPort"),
+            PrintColumn("PEERS", func=_peer_count),
         ),
     ),
     ResourceDefinition(

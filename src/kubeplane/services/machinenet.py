@@ -24,9 +24,14 @@ one of its interface's networks, two values for one setting, or a route someone 
 holds with a different next hop make :func:`plan` return errors (naming the config field) and no
 change at all, so an interface is never left half-configured.
 
+An interface with ``wireguard`` is a WireGuard device (:attr:`Desired.wireguard`,
+:mod:`kubeplane.services.wireguard`): the controller checks the plan against the node as it
+will be with the device (:func:`with_devices`), and only then has it created (a userspace
+``wireguard-go``) and configured, and plans it like any other link.
+
 Not implemented (reported in :attr:`Desired.unsupported`, never silently dropped): ``dhcp`` (no
-DHCP client runs; the interface gets its static settings only), ``bond``, ``vlans``,
-``wireguard``, ``dummy`` and ``vip`` (issue 17's later items). ``ignore: true`` leaves an
+DHCP client runs; the interface gets its static settings only), ``bond``, ``vlans``, ``dummy``
+and ``vip`` (issue 17's later items). ``ignore: true`` leaves an
 interface alone: nothing is configured on it, and what kubeplane had added there is removed.
 Removing ``mtu`` or an interface from the config leaves the link's MTU and up state as they are.
 """
@@ -38,6 +43,7 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 
 from kubeplane.config import models
+from kubeplane.services import wireguard
 
 #: The address protocol (``IFA_PROTO``) and route protocol that mark what kubeplane configured
 #: from ``machine.network`` (the pod network's routes use 75). Unassigned in iproute2's tables.
@@ -50,7 +56,6 @@ HOSTS_END = "# END kubeplane machine.network.extraHostEntries"
 _NOT_IMPLEMENTED = {
     "bond": "bonds are not implemented yet: the bond link is not created",
     "vlans": "VLANs are not implemented yet: no VLAN link is created",
-    "wireguard": "WireGuard is not implemented yet: no wireguard link is created",
     "dummy": "dummy links are not implemented yet: the link is not created",
     "vip": "the shared VIP is not implemented yet: the address is not held",
     "dhcp": "DHCP is not implemented: no DHCP client runs, only the static settings apply",
@@ -107,6 +112,8 @@ class Desired:
     hosts: tuple[tuple[str, tuple[str, ...]], ...] = ()
     unsupported: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
+    #: The WireGuard devices to create and configure, one per interface name.
+    wireguard: tuple[wireguard.Device, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +191,7 @@ def desired(network: models.MachineNetwork | None) -> Desired:
     links: dict[str, Link] = {}
     addresses: dict[tuple[str, str], Address] = {}
     routes: dict[tuple[str, int], Route] = {}
+    devices: dict[str, wireguard.Device] = {}
     unsupported: list[str] = []
     errors: list[str] = []
     for index, interface in enumerate(network.interfaces or ()):
@@ -199,6 +207,11 @@ def desired(network: models.MachineNetwork | None) -> Desired:
         if known is not None and known.mtu is not None and interface.mtu not in (None, known.mtu):
             errors.append(f"{path}.mtu: {name} has mtu {known.mtu} in {known.field} already")
         links[name] = Link(name=name, mtu=mtu, field=known.field if known else path)
+        device = wireguard.device(interface, path)
+        if device is not None:
+            configured = devices.setdefault(name, device)
+            if configured is not device:
+                errors.append(f"{device.field}: {name} is configured in {configured.field} already")
         cidrs = [(f"{path}.cidr", interface.cidr)] if interface.cidr else []
         cidrs += [(f"{path}.addresses[{i}]", cidr) for i, cidr in enumerate(interface.addresses or ())]
         for field, cidr in cidrs:
@@ -236,7 +249,17 @@ def desired(network: models.MachineNetwork | None) -> Desired:
         hosts=hosts,
         unsupported=tuple(unsupported),
         errors=tuple(errors),
+        wireguard=tuple(devices.values()),
     )
+
+
+def with_devices(wanted: Desired, observed: Observed) -> Observed:
+    """``observed`` plus a down link for each WireGuard device it lacks: the node as it will be once
+    the devices are made, to check the plan against before making any of them."""
+    links = dict(observed.links)
+    for device in wanted.wireguard:
+        links.setdefault(device.name, ObservedLink(device.name, index=0, mtu=0, up=False, oper_state="DOWN"))
+    return dataclasses.replace(observed, links=links)
 
 
 def plan(wanted: Desired, observed: Observed) -> Plan:

@@ -139,6 +139,29 @@ def test_error_string_lists_every_problem() -> None:
             ],
         ),
         (
+            "machine:\n  type: init\n  network:\n    interfaces:\n      - interface: wg0\n       "
+            " wireguard:\n"
+            "          privateKey: DfNT3K6s8U3YhpFOBGj9VUIuxogjYAsRcQn4MBt5QEU=\n"
+            "          peers:\n"
+            "            - publicKey: 8vy509p7j40ExyJLiWxeokxy8yJlYVfQOv80rAunEEE=\n"
+            "              persistentKeepaliveInterval: 1500ms\n",
+            [
+                "machine.network.interfaces[0].wireguard.peers[0].persistentKeepaliveInterval: "
+                '"1500ms" is not a whole number of seconds up to 65535 (expected e.g. 5s or 25s)'
+            ],
+        ),
+        (
+            "machine:\n  type: init\n  network:\n    interfaces:\n      - interface: wg0\n       "
+            " wireguard:\n"
+            "          privateKey: DfNT3K6s8U3YhpFOBGj9VUIuxogjYAsRcQn4MBt5QEU=\n"
+            "          peers:\n"
+            "            - publicKey: c2hvcnQ=\n",
+            [
+                'machine.network.interfaces[0].wireguard.peers[0].publicKey: "c2hvcnQ=" is not a '
+                "WireGuard key (expected 32 bytes in base64, as printed by `wg genkey`)"
+            ],
+        ),
+        (
             "machine:\n  type: init\n  env:\n    http-proxy: x\n",
             ['machine.env.http-proxy: key "http-proxy" is not a valid environment variable name'],
         ),

@@ -9,6 +9,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from kubeplane import pki
 from kubeplane.cli import cluster as cluster_cli
 from kubeplane.cli import output
 from kubeplane.config import generate as gen
@@ -288,3 +289,62 @@ def test_service_subnets_are_picked_free_of_host_routes_and_kept_on_re_runs() ->
     assert planning.service_subnet_for(taken, recorded="10.96.0.0/16") == "10.96.0.0/16"
     with pytest.raises(cluster.PlanError, match="every local Service subnet"):
         planning.service_subnet_for([ipaddress.IPv4Network("10.96.0.0/12")])
+
+
+def test_wireguard_cidr_gives_every_node_wg0_as_the_quick_start_describes(secrets: gen.SecretsBundle) -> None:
+    plan = _plan(
+        secrets,
+        name="demo",
+        controlplanes=2,
+        workers=1,
+        wireguard_cidr="10.1.0.0/24",
+        config_patches=({"machine": {"network": {"interfaces": [{"interface": "eth0", "mtu": 1400}]}}},),
+    )
+    docs = {node.name: _doc(node) for node in plan.nodes}
+    wg0 = {name: doc["machine"]["network"]["interfaces"][-1] for name, doc in docs.items()}
+    # The patches' interfaces stay; wg0 comes after them.
+    assert all(doc["machine"]["network"]["interfaces"][0]["interface"] == "eth0" for doc in docs.values())
+    assert {name: (i["interface"], i["cidr"]) for name, i in wg0.items()} == {
+        "demo-controlplane-1": ("wg0", "10.1.0.2/24"),
+        "demo-controlplane-2": ("wg0", "10.1.0.3/24"),
+        "demo-worker-1": ("wg0", "10.1.0.4/24"),
+    }
+    public = {name: pki.wireguard_public_key(i["wireguard"]["privateKey"]) for name, i in wg0.items()}
+    assert len(set(public.values())) == 3
+    cp1, cp2, worker = (
+        wg0[f"demo-{n}"]["wireguard"] for n in ("controlplane-1", "controlplane-2", "worker-1")
+    )
+    assert cp1["listenPort"] == cp2["listenPort"] == 51111 and "listenPort" not in worker
+
+    def peer(key: str, tunnel: str, endpoint: str | None) -> dict[str, object]:
+        found: dict[str, object] = {
+            "publicKey": key,
+            "allowedIPs": [f"{tunnel}/32"],
+            "persistentKeepaliveInterval": "5s",
+        }
+        return {**found, "endpoint": endpoint} if endpoint else found
+
+    # Every node peers with every control plane node; control plane nodes with the workers too
+    # (no endpoint: a worker has no fixed port, it keeps the tunnel alive itself).
+    assert worker["peers"] == [
+        peer(public["demo-controlplane-1"], "10.1.0.2", "10.5.0.2:51111"),
+        peer(public["demo-controlplane-2"], "10.1.0.3", "10.5.0.3:51111"),
+    ]
+    assert cp1["peers"] == [
+        peer(public["demo-controlplane-2"], "10.1.0.3", "10.5.0.3:51111"),
+        peer(public["demo-worker-1"], "10.1.0.4", None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("cidr", "message"),
+    [
+        ("10.1.0.1/24", "--wireguard-cidr 10.1.0.1/24: 10.1.0.1/24 has host bits set"),
+        ("10.1.0.0/31", "--wireguard-cidr 10.1.0.0/31 is too small for 2 nodes"),
+        ("10.5.0.0/16", "--wireguard-cidr 10.5.0.0/16 overlaps the cluster network 10.5.0.0/24"),
+    ],
+)
+def test_wireguard_cidr_mistakes_are_plan_errors(secrets: gen.SecretsBundle, cidr: str, message: str) -> None:
+    with pytest.raises(cluster.PlanError) as caught:
+        _plan(secrets, name="demo", wireguard_cidr=cidr)
+    assert message in str(caught.value)

@@ -84,6 +84,7 @@ SENSITIVITY = {
     catalog.MACHINE_ROUTES: False,  # networks, gateways, metrics
     catalog.MACHINE_LINKS: False,  # MTU and link state
     catalog.MACHINE_NETWORK_STATUSES: False,  # hostname, resolvers, host entries, errors
+    catalog.WIREGUARD_DEVICES: False,  # public keys and endpoints, never the private key
     RESOURCE_DEFINITIONS: False,
     NAMESPACES: False,
 }

@@ -3,11 +3,18 @@
 On every config change (and every ``resync_interval`` seconds, so an address someone deleted
 comes back) it
 
-1. reads the config into what it asks for (:func:`kubeplane.services.machinenet.desired`),
-   observes the node's links, addresses and routes over netlink, and plans the changes between
-   them (:func:`kubeplane.services.machinenet.plan`): pure, and all-or-nothing, so a config with an
-   interface the node lacks changes nothing and says why in
-   ``network/MachineNetworkStatuses/current`` (``errors``, naming the config field);
+1. reads the config into what it asks for (:func:`kubeplane.services.machinenet.desired`);
+   runs a userspace ``wireguard-go`` for each WireGuard device it asks for and stops the ones it
+   no longer does (:class:`kubeplane.services.wireguard_io.Daemons`, which the node stops when it
+   stops), and gives each device its keys, port and peers over its UAPI socket, so the device is
+   a configured link before it is planned; all this only once the plan checked out against the
+   node as it will be with the devices (:func:`kubeplane.services.machinenet.with_devices`), and
+   a device that cannot be made (``wireguard-go`` not installed, say) is an error in the status
+   and nothing else is changed; then it observes the node's links, addresses and routes over
+   netlink, and plans the changes between them (:func:`kubeplane.services.machinenet.plan`):
+   pure, and all-or-nothing, so a config with an interface the node lacks changes nothing (no
+   WireGuard device is made either) and says why in ``network/MachineNetworkStatuses/current``
+   (``errors``, naming the config field);
 2. applies the plan over netlink (:mod:`kubeplane.services.machinenet_io`): links up and their
    MTU, addresses and main-table routes marked with protocol 76, removing only what carries that
    mark, so the provisioner's primary address and everyone else's routes are never touched;
@@ -16,24 +23,28 @@ comes back) it
    under the system directory and restored when the nameservers leave the config) and
    ``extraHostEntries`` into a marked block of the node's ``/etc/hosts``;
 4. publishes ``MachineLinks`` (per interface), ``MachineAddresses`` and ``MachineRoutes`` (what is
-   configured, each ``owned`` when kubeplane added it) and the status.
+   configured, each ``owned`` when kubeplane added it), ``WireguardDevices`` (each device's public
+   key, port and peers with their latest handshake, as the device reports them) and the status.
 
-Like the pod network's routes, all of this stays when the agent stops. A changed hostname is the
-UTS hostname at once; the node's name (kubelet, certificates) follows at the next reboot.
+Like the pod network's routes, all of this but the WireGuard devices (their processes end with
+the node) stays when the agent stops. A changed hostname is the UTS hostname at once; the node's
+name (kubelet, certificates) follows at the next reboot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Iterable
 from typing import Protocol
 
+from kubeplane import pki
 from kubeplane.config import MachineConfig
 from kubeplane.config.paths import NodePaths
 from kubeplane.controllers.k8s import outputs
 from kubeplane.resources import catalog
 from kubeplane.runtime import ControllerLogger, Input, Output, ReconcileContext
-from kubeplane.services import machinenet, machinenet_io
+from kubeplane.services import machinenet, machinenet_io, wireguard, wireguard_io
 
 STATUS_ID = "current"
 
@@ -48,6 +59,16 @@ class NodeNetwork(Protocol):
     def hostname(self) -> str: ...
 
     def set_hostname(self, name: str) -> None: ...
+
+    def configure_wireguard(self, device: wireguard.Device) -> bool: ...
+
+    def wireguard_state(self, name: str) -> wireguard.DeviceState: ...
+
+
+class WireguardDaemons(Protocol):
+    """The processes behind WireGuard devices (:class:`~kubeplane.services.wireguard_io.Daemons`)."""
+
+    async def converge(self, names: Iterable[str]) -> list[str]: ...
 
 
 class NetlinkNetwork:
@@ -65,11 +86,18 @@ class NetlinkNetwork:
     def set_hostname(self, name: str) -> None:
         machinenet_io.set_hostname(name)
 
+    def configure_wireguard(self, device: wireguard.Device) -> bool:
+        return wireguard_io.configure(device)
+
+    def wireguard_state(self, name: str) -> wireguard.DeviceState:
+        return wireguard_io.get(name)
+
 
 @dataclasses.dataclass(frozen=True)
 class _Outcome:
     observed: machinenet.Observed
     errors: tuple[str, ...]
+    devices: dict[str, wireguard.DeviceState] = dataclasses.field(default_factory=dict)
 
 
 class MachineNetworkController:
@@ -81,6 +109,7 @@ class MachineNetworkController:
         Output(catalog.MACHINE_LINKS),
         Output(catalog.MACHINE_ADDRESSES),
         Output(catalog.MACHINE_ROUTES),
+        Output(catalog.WIREGUARD_DEVICES),
         Output(catalog.MACHINE_NETWORK_STATUSES),
     )
 
@@ -89,11 +118,13 @@ class MachineNetworkController:
         *,
         paths: NodePaths,
         network: NodeNetwork | None = None,
+        wireguard: WireguardDaemons | None = None,
         retry_interval: float = 5.0,
         resync_interval: float = 60.0,
     ) -> None:
         self.paths = paths
         self.network = network or NetlinkNetwork()
+        self.wireguard = wireguard or wireguard_io.Daemons(log_dir=paths.logs)
         self.retry_interval = retry_interval
         self.resync_interval = resync_interval
         # The errors last logged: a config that stays broken is retried quietly.
@@ -106,8 +137,12 @@ class MachineNetworkController:
         network = MachineConfig.from_dict(resource.spec.to_dict()).model.machine.network
         wanted = machinenet.desired(network)
         try:
-            outcome = await asyncio.to_thread(self._apply, wanted, ctx.logger)
-        except (machinenet_io.MachineNetworkError, OSError) as exc:
+            outcome = await asyncio.to_thread(self._check, wanted)
+            if not outcome.errors:
+                for name in await self.wireguard.converge(device.name for device in wanted.wireguard):
+                    ctx.logger.info("started wireguard-go for %s", name)
+                outcome = await asyncio.to_thread(self._apply, wanted, ctx.logger)
+        except (machinenet_io.MachineNetworkError, wireguard_io.WireguardError, OSError) as exc:
             self._log_errors(ctx.logger, (f"cannot apply machine.network, will retry: {exc}",))
             self._publish_status(ctx, wanted, (str(exc),))
             ctx.requeue_after(self.retry_interval)
@@ -123,8 +158,19 @@ class MachineNetworkController:
                 logger.error("%s", error)
         self._logged = errors
 
+    def _check(self, wanted: machinenet.Desired) -> _Outcome:
+        """The errors that keep ``wanted`` from being applied, before anything is made: the
+        config's own, and the plan's against the node with its WireGuard devices (blocking)."""
+        observed = self.network.observe()
+        errors = wanted.errors or machinenet.plan(wanted, machinenet.with_devices(wanted, observed)).errors
+        return _Outcome(observed=observed, errors=errors)
+
     def _apply(self, wanted: machinenet.Desired, logger: ControllerLogger) -> _Outcome:
-        """Plan against the node and apply (blocking: runs in a thread); the node afterwards."""
+        """Configure the WireGuard devices, plan against the node and apply (blocking: runs in a
+        thread); the node afterwards."""
+        for device in wanted.wireguard:
+            if self.network.configure_wireguard(device):
+                logger.info("configured %s with %d peers (%s)", device.name, len(device.peers), device.field)
         observed = self.network.observe()
         plan = machinenet.plan(wanted, observed)
         if plan.errors:
@@ -161,7 +207,8 @@ class MachineNetworkController:
             current = hosts.read_text() if hosts.exists() else ""
             if machinenet_io.write_in_place(hosts, machinenet.render_hosts(current, wanted.hosts)):
                 logger.info("wrote %d extra host entries to %s", len(wanted.hosts), hosts)
-        return _Outcome(observed=observed, errors=())
+        devices = {device.name: self.network.wireguard_state(device.name) for device in wanted.wireguard}
+        return _Outcome(observed=observed, errors=(), devices=devices)
 
     def _write_resolv_conf(self, nameservers: tuple[str, ...] | None, logger: ControllerLogger) -> None:
         path, replaced = self.paths.resolv_conf, self.paths.replaced_resolv_conf
@@ -211,10 +258,12 @@ class MachineNetworkController:
                     owned=current.owned,
                     field=route.field,
                 )
+        devices = {name: _device_spec(state) for name, state in outcome.devices.items()}
         for type_name, specs in (
             (catalog.MACHINE_LINKS, links),
             (catalog.MACHINE_ADDRESSES, addresses),
             (catalog.MACHINE_ROUTES, routes),
+            (catalog.WIREGUARD_DEVICES, devices),
         ):
             for resource_id, spec in specs.items():
                 outputs.publish(ctx, catalog.NETWORK_NAMESPACE, type_name, resource_id, spec)
@@ -231,3 +280,22 @@ class MachineNetworkController:
             unsupported=list(wanted.unsupported),
         )
         outputs.publish(ctx, catalog.NETWORK_NAMESPACE, catalog.MACHINE_NETWORK_STATUSES, STATUS_ID, status)
+
+
+def _device_spec(state: wireguard.DeviceState) -> catalog.WireguardDeviceSpec:
+    return catalog.WireguardDeviceSpec(
+        public_key=pki.wireguard_public_key(state.private_key) if state.private_key else "",
+        listen_port=state.listen_port,
+        peers=[
+            {
+                "publicKey": peer.public_key,
+                "endpoint": peer.endpoint,
+                "allowedIPs": list(peer.allowed_ips),
+                "persistentKeepaliveInterval": peer.keepalive,
+                "latestHandshake": peer.latest_handshake,
+                "rxBytes": peer.rx_bytes,
+                "txBytes": peer.tx_bytes,
+            }
+            for peer in state.peers
+        ],
+    )

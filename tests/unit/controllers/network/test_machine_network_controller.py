@@ -8,16 +8,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kubeplane import pki
 from kubeplane.config import generate as gen
 from kubeplane.config.paths import NodePaths
 from kubeplane.controllers.network import machine_network
 from kubeplane.resources import State, catalog
-from kubeplane.services import machinenet
+from kubeplane.services import machinenet, wireguard, wireguard_io
 from kubeplane.services.machinenet import ObservedAddress, ObservedLink, ObservedRoute
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "k8s"))
@@ -179,5 +181,148 @@ def test_a_missing_interface_is_an_error_naming_it_and_nothing_changes(tmp_path:
         await eventually(lambda: specs(state, catalog.MACHINE_ADDRESSES), what="the address")
         assert status(state)["errors"] == []
         assert "eth9" not in specs(state, catalog.MACHINE_LINKS)
+
+    run([ctl], body)
+
+
+WG_PRIVATE = "DfNT3K6s8U3YhpFOBGj9VUIuxogjYAsRcQn4MBt5QEU="
+WG_PEER = "8vy509p7j40ExyJLiWxeokxy8yJlYVfQOv80rAunEEE="
+WG0 = {
+    "interface": "wg0",
+    "cidr": "10.1.0.3/24",
+    "wireguard": {
+        "privateKey": WG_PRIVATE,
+        "peers": [
+            {
+                "publicKey": WG_PEER,
+                "endpoint": "10.5.0.2:51111",
+                "allowedIPs": ["10.1.0.2/32"],
+                "persistentKeepaliveInterval": "5s",
+            }
+        ],
+    },
+}
+
+
+class SimulatedWireguard(SimulatedNode):
+    """A node whose WireGuard devices appear as links when their process starts (as wireguard-go's
+    TUN does) and keep what they were configured with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.devices: dict[str, wireguard.Device] = {}
+        self.missing_binary = False
+
+    async def converge(self, names: Iterable[str]) -> list[str]:
+        if self.missing_binary:
+            raise wireguard_io.WireguardError("wireguard-go is not installed")
+        wanted = set(names)
+        links = {name: link for name, link in self.observed.links.items() if name in wanted or name == "eth0"}
+        started = sorted(wanted - set(links))
+        for index, name in enumerate(started, start=10):
+            links[name] = ObservedLink(name, index, 1420, False, "DOWN")
+        self.observed = dataclasses.replace(
+            self.observed,
+            links=links,
+            addresses=tuple(a for a in self.observed.addresses if a.link in links),
+        )
+        return started
+
+    def configure_wireguard(self, device: wireguard.Device) -> bool:
+        changed = self.devices.get(device.name) != device
+        self.devices[device.name] = device
+        return changed
+
+    def wireguard_state(self, name: str) -> wireguard.DeviceState:
+        device = self.devices[name]
+        return wireguard.DeviceState(
+            private_key=device.private_key,
+            listen_port=40000,
+            firewall_mark=0,
+            peers=tuple(
+                wireguard.PeerState(
+                    p.public_key, p.endpoint or "", p.keepalive, p.allowed_ips, 1700000000, 1, 2
+                )
+                for p in device.peers
+            ),
+        )
+
+
+def test_a_wireguard_device_is_started_configured_addressed_and_shown(tmp_path: Path) -> None:
+    node = SimulatedWireguard()
+    (tmp_path / "etc").mkdir()
+    ctl = machine_network.MachineNetworkController(
+        paths=NodePaths(tmp_path), network=node, wireguard=node, retry_interval=0.05
+    )
+
+    async def body(state: State) -> None:
+        publish_config(state, config({"interfaces": [WG0]}))
+        await eventually(lambda: specs(state, catalog.WIREGUARD_DEVICES), what="the device published")
+        assert node.devices["wg0"].peers[0].endpoint == "10.5.0.2:51111"
+        assert node.applied[0].set_up == ("wg0",)  # brought up once configured
+        assert ObservedAddress("wg0", "10.1.0.3/24", owned=True) in node.observed.addresses
+        assert specs(state, catalog.WIREGUARD_DEVICES) == {
+            "wg0": {
+                "publicKey": pki.wireguard_public_key(WG_PRIVATE),
+                "listenPort": 40000,
+                "peers": [
+                    {
+                        "publicKey": WG_PEER,
+                        "endpoint": "10.5.0.2:51111",
+                        "allowedIPs": ["10.1.0.2/32"],
+                        "persistentKeepaliveInterval": 5,
+                        "latestHandshake": 1700000000,
+                        "rxBytes": 1,
+                        "txBytes": 2,
+                    }
+                ],
+            }
+        }
+        assert status(state)["errors"] == [] and status(state)["unsupported"] == []
+
+        # Removed from the config: its process (and so its link) goes, and so does the resource.
+        publish_config(state, config({"interfaces": []}))
+        await eventually(lambda: not specs(state, catalog.WIREGUARD_DEVICES), what="the device unpublished")
+        assert "wg0" not in node.observed.links
+
+    run([ctl], body)
+
+
+def test_without_wireguard_go_the_status_says_so_and_nothing_changes(tmp_path: Path) -> None:
+    node = SimulatedWireguard()
+    node.missing_binary = True
+    (tmp_path / "etc").mkdir()
+    ctl = machine_network.MachineNetworkController(
+        paths=NodePaths(tmp_path), network=node, wireguard=node, retry_interval=0.05
+    )
+
+    async def body(state: State) -> None:
+        publish_config(state, config({"interfaces": [WG0, {"interface": "eth0", "cidr": "10.5.0.200/24"}]}))
+        await eventually(lambda: status(state).get("errors"), what="the error")
+        assert status(state)["errors"] == ["wireguard-go is not installed"]
+        assert node.applied == [] and node.devices == {} and "wg0" not in node.observed.links
+
+    run([ctl], body)
+
+
+def test_a_missing_interface_keeps_the_wireguard_device_from_being_made(tmp_path: Path) -> None:
+    node = SimulatedWireguard()
+    (tmp_path / "etc").mkdir()
+    ctl = machine_network.MachineNetworkController(
+        paths=NodePaths(tmp_path), network=node, wireguard=node, retry_interval=0.05
+    )
+
+    async def body(state: State) -> None:
+        publish_config(state, config({"interfaces": [WG0, {"interface": "eth9", "cidr": "10.9.9.9/24"}]}))
+        await eventually(lambda: status(state).get("errors"), what="the error")
+        assert status(state)["errors"] == [
+            "machine.network.interfaces[1].interface: interface eth9 does not exist on this node"
+        ]
+        # All or nothing: no wireguard-go started, nothing configured or applied.
+        assert "wg0" not in node.observed.links and node.devices == {} and node.applied == []
+
+        publish_config(state, config({"interfaces": [WG0]}))
+        await eventually(lambda: specs(state, catalog.WIREGUARD_DEVICES), what="the device published")
+        assert status(state)["errors"] == []
 
     run([ctl], body)
