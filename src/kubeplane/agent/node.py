@@ -256,6 +256,7 @@ class Node:
                     backend=self._backend, node=self.name, listen=self.listen
                 )
             self._retry_now.clear()
+            self.boot_wait = "the node API certificate from trustd (first attempt under way)"
             self._certificate_wait = self._start_task(self._wait_for_certificate())
             return
         credentials, proxy = self._issued_credentials(document)
@@ -370,7 +371,9 @@ class Node:
             try:
                 credentials = await self._credentials_from_trustd(document)
                 break
-            except trustd.TrustdError as exc:
+            except Exception as exc:  # every failed attempt is retried; a non-trustd error is logged whole
+                if not isinstance(exc, trustd.TrustdError):
+                    log.exception("asking trustd for the node API certificate failed")
                 endpoint = document.model.cluster.control_plane.endpoint
                 reason = f"the node API certificate from trustd (control plane endpoint {endpoint}): {exc}"
                 self.boot_wait = f"{reason} (attempt {attempt}, next in {delay:g}s)"
@@ -493,8 +496,8 @@ class Node:
                 return await self._apply_while_insecure(old, new, dry_run=dry_run)
             if mode == "no-reboot":
                 mode = "immediate"
-            if mode == "reboot" and self._certificate_wait is not None:
-                raise api.FailedPreconditionError(self._unfinished_boot_refusal())
+            if mode in ("reboot", "try") and self._certificate_wait is not None:
+                raise api.FailedPreconditionError(self._unfinished_boot_refusal(mode))
             # A dry run changes nothing, a pending try included; any other apply ends the try.
             trying = not dry_run and self._end_trial()
             allowed = config.allowed_modes(old, new)
@@ -607,12 +610,17 @@ class Node:
         if self.state is not None:
             self._publish_config(self.state, document)
 
-    def _unfinished_boot_refusal(self) -> str:
-        """Why the default apply mode is refused while the boot waits (with the modes that work)."""
+    def _unfinished_boot_refusal(self, mode: str) -> str:
+        """Why ``mode`` (reboot, try) is refused while the boot waits, with the modes that work."""
+        why = (
+            "--mode try would not help: the boot retries with the saved config only"
+            if mode == "try"
+            else "The default mode applies a config by restarting what the boot started, which it "
+            "does not do in the middle of the boot sequence"
+        )
         return (
-            f"node {self.name} has not finished booting: it is waiting for {self.boot_wait}. The "
-            "default mode applies a config by restarting what the boot started, which it does not do "
-            "in the middle of the boot sequence. Apply with --immediate (changes under cluster, such as "
+            f"node {self.name} has not finished booting: it is waiting for {self.boot_wait}. {why}. "
+            "Apply with --immediate (changes under cluster, such as "
             "cluster.controlPlane.endpoint, take effect now and the boot retries with them), or with "
             f"--on-reboot and then `kubeplane -n {self.name} reboot` (a reboot interrupts the boot)"
         )
@@ -625,6 +633,9 @@ class Node:
         not finished booting; nothing it runs can be reconfigured in place)."""
         changed = config.allowed_modes(old, new).changed
         result: dict[str, Any] = {"mode": "reboot", "diff": config.diff(old, new), "changed": list(changed)}
+        if not changed:  # the same config again (a retried apply): the boot goes on as it was
+            result["message"] = f"config unchanged; the node is still booting, waiting for {self.boot_wait}"
+            return result
         if dry_run:
             result["message"] = (
                 f"dry run: the node is waiting for {self.boot_wait}; it would boot again with this config"

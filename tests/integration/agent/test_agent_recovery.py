@@ -82,6 +82,8 @@ def test_a_worker_with_a_wrong_endpoint_stays_reachable_and_is_fixed(cluster: Cl
     stuck = wait_stuck(cluster, worker, insecure=True)
     assert stuck["maintenance"] is True and stuck["phase"] == "booting"
     assert "attempt" in stuck["waiting"]
+    again = cluster.kp("-n", worker.address, "apply-config", "--insecure", "-f", str(wrong), config=None)
+    assert "config unchanged; the node is still booting, waiting for " + WAITING in again.stdout
     applied = cluster.kp("-n", worker.address, "apply-config", "--insecure", "-f", str(good), config=None)
     assert "boots again with it" in applied.stdout
     running = wait_running(cluster, worker)
@@ -96,6 +98,8 @@ def test_a_worker_with_a_wrong_endpoint_stays_reachable_and_is_fixed(cluster: Cl
     assert refused.returncode == 1
     assert "has not finished booting: it is waiting for " + WAITING in refused.stderr
     assert "Apply with --immediate" in refused.stderr and "--on-reboot and then" in refused.stderr
+    tried = cluster.kp("-e", worker.address, "apply-config", "--mode", "try", "-f", str(good), check=False)
+    assert tried.returncode == 1 and "--mode try would not help" in tried.stderr
     assert saved_endpoint(worker) == WRONG_ENDPOINT
 
     # --immediate fixes it: the boot retries with the corrected endpoint at once.
