@@ -286,6 +286,14 @@ def cluster_1cp1w(e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainP
     yield from _cluster(e2e_env, name="e2e1", cidr="10.5.21.0/24", controlplanes=1, workers=1)
 
 
+@pytest.fixture(scope="module")
+def cluster_recovery(
+    e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainPaths
+) -> Iterator[E2ECluster]:
+    """A 1+1 cluster of test_recovery.py's own: its worker is rebooted into a boot that cannot finish."""
+    yield from _cluster(e2e_env, name="e2erec", cidr="10.5.29.0/24", controlplanes=1, workers=1)
+
+
 # Session scope: test_apps.py runs an application on it, test_cluster.py checks it as created,
 # test_upgrade.py upgrades it and then (last) takes one control plane node down. One 3+1 cluster
 # for all of them keeps CI inside its time budget.
