@@ -4,6 +4,9 @@
 Every command works on the target of :mod:`kubeplane.cli.connect` (client config context,
 ``-e``/``-n`` overrides); with several nodes, each node's result is labelled with the node and one
 node failing prints its error to stderr without hiding the others (the command then exits 1).
+``version --insecure`` asks nodes serving the maintenance API (``-n`` names them), which includes a
+worker whose boot waits for its first node API certificate: the reply's ``phase`` and ``waiting``
+say where its boot is.
 
 Changing the machine config:
 
