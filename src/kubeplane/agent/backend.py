@@ -83,12 +83,18 @@ class AgentBackend:
         return state
 
     async def version(self) -> dict[str, Any]:
-        return {
+        node = self._node
+        found: dict[str, Any] = {
             "tag": kubeplane.__version__,
-            "node": self._node.name,
-            "maintenance": self._node.maintenance,
-            "kubernetes": await self._node.kubernetes_version(),
+            "node": node.name,
+            # A worker waiting for its first node API certificate serves the maintenance API too.
+            "maintenance": node.maintenance or node.insecure_api,
+            "phase": node.phase,
+            "kubernetes": await node.kubernetes_version(),
         }
+        if node.boot_wait is not None:
+            found["waiting"] = node.boot_wait
+        return found
 
     async def resource_sensitive(self, *, type: str) -> bool:
         return self._definition(type).sensitive

@@ -12,6 +12,16 @@ stay powered, but everything the config drives restarts. Only the machine config
 
 Config changes are serialised by one lock; a rejected config changes nothing on disk or in the
 state.
+
+Recovery: a booted node's API stays reachable through its whole boot, so a wrong config can be
+fixed. The one wait of the boot, a worker asking trustd for its node API certificate (which fails
+while ``cluster.controlPlane.endpoint`` is wrong), runs in the background without the lock, in
+bounded attempts whose progress ``version`` (``phase``, ``waiting``) and the events show.
+Meanwhile the worker serves the secure API with the certificate it got last (:mod:`.nodecert`)
+or, when it never got one, the maintenance API, where ``apply-config --insecure`` replaces the
+config and boots again. On the secure API the default apply mode is refused until the boot
+finishes; ``--immediate`` (the boot retries with the new config at once) and ``--on-reboot`` then
+``kubeplane reboot`` (which interrupts the wait) work.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from cryptography.x509.oid import NameOID
 
 from kubeplane import api, config, pki, resources
 from kubeplane.agent import containers as node_containers
-from kubeplane.agent import controllers, selfhosted
+from kubeplane.agent import controllers, nodecert, selfhosted
 from kubeplane.agent import reset as node_reset
 from kubeplane.agent import services as node_services
 from kubeplane.agent.backend import AgentBackend
@@ -59,6 +69,9 @@ log = logging.getLogger("kubeplaned")
 _ACT_AFTER = 0.2
 #: Lifetime of an admin kubeconfig issued by the node when the secrets have none yet.
 _ADMIN_KUBECONFIG_LIFETIME = datetime.timedelta(days=365)
+#: Bounds of the wait between a worker's attempts to get its node API certificate, in seconds.
+CERTIFICATE_RETRY_MIN = 1.0
+CERTIFICATE_RETRY_MAX = 10.0
 #: How long a config applied with ``--mode try`` waits for its confirmation by default.
 DEFAULT_TRY_SECONDS = 60
 #: Bounds of a client certificate's lifetime (``kubeplane config new --crt-ttl``), in seconds.
@@ -120,6 +133,13 @@ class Node:
         self._name_override = name
         self.name = name or self._listen_host or socket.gethostname()
         self.maintenance = True
+        #: Where the boot sequence is: ``maintenance``, ``booting``, ``running`` (``version`` shows it).
+        self.phase = "maintenance"
+        #: What an unfinished boot waits for, and how it is going (None when it waits for nothing).
+        self.boot_wait: str | None = None
+        #: Whether the API is the maintenance one although the node has a config: a worker whose
+        #: boot waits for its first node API certificate (see "Recovery" in the module docstring).
+        self.insecure_api = False
         self.state: resources.State | None = None
         self._runtime: Runtime | None = None
         self._wireguard: wireguard_io.Daemons | None = None
@@ -133,6 +153,9 @@ class Node:
         self.events = EventLog()
         # A config applied with --mode try: the task that rolls it back unless confirmed.
         self._trial: asyncio.Task[None] | None = None
+        # A worker's boot asking trustd for its node API certificate, and how to make it retry now.
+        self._certificate_wait: asyncio.Task[None] | None = None
+        self._retry_now = asyncio.Event()
         # The last supervisor event reported per service (the observer sees every change).
         self._reported: dict[str, supervisor.Event] = {}
 
@@ -172,6 +195,7 @@ class Node:
     async def _boot(self, document: config.MachineConfig) -> None:
         """Start state, controllers and the secure API for ``document``."""
         self.maintenance = False
+        self.phase = "booting"
         model = document.model
         hostname = model.machine.network.hostname if model.machine.network else None
         self.name = self._name_override or hostname or self._listen_host or socket.gethostname()
@@ -205,34 +229,74 @@ class Node:
             services.supervisor.add_observer(self._report_service)
             await services.start()
             self.services = services
-        credentials = None
         if self._server is None:
-            credentials, proxy = await self._api_credentials(document)
-            self._server = await api.serve(
-                backend=self._backend,
-                node=self.name,
-                credentials=credentials,
-                proxy_credentials=proxy,
-                listen=self._secure_listen(model.machine),
-                local_names=self._local_names(),
-                proxy_port=model.machine.node_api_port,
-            )
+            await self._serve_api(document)
+        if self._certificate_wait is not None:
+            return  # the boot finishes when the certificate comes (_wait_for_certificate)
+        self.phase = "running"
+        log.info("node %s booted as %s", self.name, model.machine.type)
+        self.events.emit("sequence", "boot", f"node {self.name} booted as {model.machine.type}")
+
+    async def _serve_api(self, document: config.MachineConfig) -> None:
+        """Start the secure node API (and trustd on a node holding the OS CA key).
+
+        A worker asks trustd for its certificate without holding up the boot: meanwhile it serves
+        with the certificate it got last (:mod:`.nodecert`) or, having none, the maintenance API,
+        so the node can always be reached to fix its config.
+        """
+        model = document.model
+        ca = model.machine.ca
+        if ca is None or not ca.crt:
+            raise RuntimeError("machine.ca is missing: the node API cannot have a certificate")
+        if not ca.key:
+            held = await asyncio.to_thread(nodecert.load, self.paths, ca.crt_pem())
+            if held is not None:
+                await self._serve_secure(held, None, model.machine)
+            else:
+                self.insecure_api = True
+                self._server = await api.serve_maintenance(
+                    backend=self._backend, node=self.name, listen=self.listen
+                )
+            self._retry_now.clear()
+            self.boot_wait = "the node API certificate from trustd (first attempt under way)"
+            self._certificate_wait = self._start_task(self._wait_for_certificate())
+            return
+        credentials, proxy = self._issued_credentials(document)
+        await self._serve_secure(credentials, proxy, model.machine)
         if self._trustd is not None and self._trustd.port != model.machine.trustd_port:
             await self._trustd.stop()  # machine.ports.trustd changed: serve on the new port
             self._trustd = None
-        os_ca = model.machine.ca
-        if credentials is not None and os_ca is not None and os_ca.key and self._trustd is None:
+        if self._trustd is None:
             trustd_server = trustd.TrustdServer(
                 token=model.machine.token or "",
-                ca=pki.CertKey(cert=os_ca.crt_pem(), key=os_ca.key_pem()),
+                ca=pki.CertKey(cert=ca.crt_pem(), key=ca.key_pem()),
                 credentials=credentials,
                 endpoint=model.cluster.control_plane.endpoint,
             )
             host = self._listen_host or "0.0.0.0"  # noqa: S104
             await trustd_server.start(trustd.target(host, model.machine.trustd_port))
             self._trustd = trustd_server
-        log.info("node %s booted as %s", self.name, model.machine.type)
-        self.events.emit("sequence", "boot", f"node {self.name} booted as {model.machine.type}")
+
+    async def _serve_secure(
+        self, credentials: api.Credentials, proxy: api.Credentials | None, machine: config.models.Machine
+    ) -> None:
+        self.insecure_api = False
+        self._server = await api.serve(
+            backend=self._backend,
+            node=self.name,
+            credentials=credentials,
+            proxy_credentials=proxy,
+            listen=self._secure_listen(machine),
+            local_names=self._local_names(),
+            proxy_port=machine.node_api_port,
+        )
+
+    def _start_task(self, work: Awaitable[None]) -> asyncio.Task[None]:
+        """Run ``work`` in the background; shutting the agent down cancels it."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def _report_controller_error(self, controller: str, error: Exception) -> None:
         self.events.emit("controller", controller, f"reconcile failed: {error}")
@@ -247,6 +311,10 @@ class Node:
     async def _halt(self) -> None:
         """Stop services (dependents first) then controllers; the API server stays up."""
         self._end_trial()  # the node comes back with its saved config: nothing to roll back
+        if self._certificate_wait is not None:
+            self._certificate_wait.cancel()
+            self._certificate_wait = None
+        self.boot_wait = None
         if self._runtime is not None:
             self.events.emit("sequence", "halt", "stopping services and controllers")
         if self.services is not None:
@@ -290,23 +358,12 @@ class Node:
     def _local_names(self) -> list[str]:
         return sorted({self.name, "127.0.0.1", "localhost", *self._addresses()})
 
-    async def _api_credentials(
-        self, document: config.MachineConfig
-    ) -> tuple[api.Credentials, api.Credentials | None]:
-        """Server and proxy certificates for the node API, issued from the OS CA (``machine.ca``).
-
-        Workers hold no CA key: they ask trustd on the control plane, retrying until it answers,
-        and get no proxy certificate (they cannot forward calls to other nodes).
-        """
+    def _issued_credentials(self, document: config.MachineConfig) -> tuple[api.Credentials, api.Credentials]:
+        """Server and proxy certificates for the node API, issued here from the OS CA (``machine.ca``)."""
         machine = document.model.machine
         ca = machine.ca
-        if ca is None or not ca.crt:
-            raise RuntimeError("machine.ca is missing: the node API cannot have a certificate")
-        names = self._local_names()
-        sans = list(machine.cert_sans or [])
-        dns, ips = pki.split_sans([*names, *sans])
-        if not ca.key:
-            return await self._credentials_from_trustd(document), None
+        assert ca is not None and ca.key  # only nodes holding the OS CA key issue their own
+        dns, ips = pki.split_sans([*self._local_names(), *(machine.cert_sans or [])])
         authority = pki.CertKey(cert=ca.crt_pem(), key=ca.key_pem())
         server = pki.issue(
             ca=authority, common_name=self.name, dns_names=dns, ip_addresses=ips, usages=("server",)
@@ -319,12 +376,59 @@ class Node:
             api.Credentials(ca=authority.cert, cert=proxy.cert, key=proxy.key),
         )
 
+    async def _wait_for_certificate(self) -> None:
+        """Ask trustd for the node API certificate until it signs one, then serve with it.
+
+        Each attempt is bounded (trustd's answer and the Endpoints lookup time out); between them
+        the wait grows to :data:`CERTIFICATE_RETRY_MAX`, and an ``--immediate`` apply ends it at
+        once. Every attempt reads the saved config, so a corrected endpoint is used at once. The
+        lock is not held while waiting: applying a config, rebooting and resetting all stay
+        possible. What the wait is at shows in ``version`` (``waiting``) and in the events.
+        """
+        delay, attempt, reported = CERTIFICATE_RETRY_MIN, 0, ""
+        while True:
+            document = await asyncio.to_thread(self.store.current)
+            assert document is not None  # a booted node has a config
+            attempt += 1
+            self._retry_now.clear()
+            try:
+                credentials = await self._credentials_from_trustd(document)
+                break
+            except Exception as exc:  # every failed attempt is retried; a non-trustd error is logged whole
+                if not isinstance(exc, trustd.TrustdError):
+                    log.exception("asking trustd for the node API certificate failed")
+                endpoint = document.model.cluster.control_plane.endpoint
+                reason = f"the node API certificate from trustd (control plane endpoint {endpoint}): {exc}"
+                self.boot_wait = f"{reason} (attempt {attempt}, next in {delay:g}s)"
+                log.warning("boot waits for %s", self.boot_wait)
+                if reason != reported:  # an event when the reason changes, not one per attempt
+                    reported = reason
+                    self.events.emit("sequence", "boot", f"waiting for {reason}; retrying")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._retry_now.wait(), delay)
+            retried = self._retry_now.is_set()
+            delay = CERTIFICATE_RETRY_MIN if retried else min(delay * 2, CERTIFICATE_RETRY_MAX)
+        async with self._lock:
+            if self._certificate_wait is not asyncio.current_task():
+                return  # a reboot or reset started meanwhile
+            self._certificate_wait = None
+            self.boot_wait = None
+            await asyncio.to_thread(nodecert.save, self.paths, credentials)
+            if self._server is not None:
+                await self._server.stop(grace=1.0)
+                self._server = None
+            await self._serve_secure(credentials, None, document.model.machine)
+            self.phase = "running"
+        message = f"got the node API certificate from trustd: node {self.name} booted as worker"
+        log.info("%s", message)
+        self.events.emit("sequence", "boot", message)
+
     async def _credentials_from_trustd(self, document: config.MachineConfig) -> api.Credentials:
         """A node certificate (O=kubeplane:node, no role) from trustd; see :mod:`kubeplane.api.trustd`.
 
         The CSR asks for this node's name and, for each trustd target, the one address that target
         sees the request come from (trustd refuses any other), plus loopback. ``machine.certSANs``
-        are left out: trustd cannot check that a worker owns them.
+        are left out: trustd cannot check that a worker owns them. One attempt: raises TrustdError.
         """
         model = document.model
         ca = model.machine.ca
@@ -347,22 +451,14 @@ class Node:
                 )
             return await control_plane_addresses(endpoint=endpoint, token=token, ca=kubernetes_ca.crt_pem())
 
-        delay = 1.0
-        while True:
-            try:
-                crt = await trustd.request_certificate(
-                    targets=trustd.endpoints(endpoint, port=model.machine.trustd_port),
-                    token=model.machine.token or "",
-                    csr=csr,
-                    ca=ca.crt_pem(),
-                    discover=discover,
-                    port=model.machine.trustd_port,
-                )
-                break
-            except trustd.TrustdError as exc:
-                log.warning("waiting for the node API certificate from trustd: %s", exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+        crt = await trustd.request_certificate(
+            targets=trustd.endpoints(endpoint, port=model.machine.trustd_port),
+            token=model.machine.token or "",
+            csr=csr,
+            ca=ca.crt_pem(),
+            discover=discover,
+            port=model.machine.trustd_port,
+        )
         return api.Credentials(ca=ca.crt_pem(), cert=crt, key=key)
 
     def _after_reply(self, action: Callable[[], Awaitable[None]]) -> None:
@@ -412,7 +508,7 @@ class Node:
                 fields=[(error.path, error.message) for error in exc.errors],
             ) from exc
         async with self._lock:
-            if self.maintenance and mode == "try":
+            if (self.maintenance or self.insecure_api) and mode == "try":
                 raise api.FailedPreconditionError(
                     "--mode try needs a booted node: a node in maintenance mode has no config to go back to"
                 )
@@ -420,8 +516,12 @@ class Node:
                 return await self._apply_in_maintenance(new, dry_run=dry_run)
             old = await asyncio.to_thread(self.store.current)
             assert old is not None  # booted nodes always have a config
+            if self.insecure_api:
+                return await self._apply_while_insecure(old, new, dry_run=dry_run)
             if mode == "no-reboot":
                 mode = "immediate"
+            if mode in ("reboot", "try") and self._certificate_wait is not None:
+                raise api.FailedPreconditionError(self._unfinished_boot_refusal(mode))
             # A dry run changes nothing, a pending try included; any other apply ends the try.
             trying = not dry_run and self._end_trial()
             allowed = config.allowed_modes(old, new)
@@ -471,6 +571,13 @@ class Node:
                     # restart) starts from the saved config, not the one the node booted with.
                     self.services.document = new
                 result["message"] = "config applied immediately"
+                if self._certificate_wait is not None:
+                    # The boot has not finished: it retries now with the new config, and the
+                    # kubelet restarts with it (its bootstrap kubeconfig names the endpoint).
+                    self._retry_now.set()
+                    if self.services is not None:
+                        await self.services.reconfigure_kubelet(new)
+                    result["message"] += "; the unfinished boot retries with it now"
             elif self.services is not None and config.kubelet_only(allowed.changed):
                 # The change concerns the kubelet alone (its image, args, mounts): restart that
                 # one service, never etcd or the static pods' containers.
@@ -526,6 +633,43 @@ class Node:
     def _publish_current(self, document: config.MachineConfig) -> None:
         if self.state is not None:
             self._publish_config(self.state, document)
+
+    def _unfinished_boot_refusal(self, mode: str) -> str:
+        """Why ``mode`` (reboot, try) is refused while the boot waits, with the modes that work."""
+        why = (
+            "--mode try would not help: the boot retries with the saved config only"
+            if mode == "try"
+            else "The default mode applies a config by restarting what the boot started, which it "
+            "does not do in the middle of the boot sequence"
+        )
+        return (
+            f"node {self.name} has not finished booting: it is waiting for {self.boot_wait}. {why}. "
+            "Apply with --immediate (changes under cluster, such as "
+            "cluster.controlPlane.endpoint, take effect now and the boot retries with them), or with "
+            f"--on-reboot and then `kubeplane -n {self.name} reboot` (a reboot interrupts the boot)"
+        )
+
+    async def _apply_while_insecure(
+        self, old: config.MachineConfig, new: config.MachineConfig, *, dry_run: bool
+    ) -> dict[str, Any]:
+        """An ``--insecure`` apply to a worker that never got a node API certificate: the config
+        replaces the saved one and the node boots again with it, whatever the mode (the node has
+        not finished booting; nothing it runs can be reconfigured in place)."""
+        changed = config.allowed_modes(old, new).changed
+        result: dict[str, Any] = {"mode": "reboot", "diff": config.diff(old, new), "changed": list(changed)}
+        if not changed:  # the same config again (a retried apply): the boot goes on as it was
+            result["message"] = f"config unchanged; the node is still booting, waiting for {self.boot_wait}"
+            return result
+        if dry_run:
+            result["message"] = (
+                f"dry run: the node is waiting for {self.boot_wait}; it would boot again with this config"
+            )
+            return result
+        await self._save(new, then=functools.partial(self._after_reply, self._reboot))
+        result["message"] = "config applied; the node had not finished booting and boots again with it"
+        log.info("apply-config (insecure, boot unfinished): %s", result["message"])
+        self.events.emit("config", "maintenance", result["message"])
+        return result
 
     async def _apply_in_maintenance(self, new: config.MachineConfig, *, dry_run: bool) -> dict[str, Any]:
         # There is no current config to diff against: the whole document is new.
@@ -656,7 +800,7 @@ class Node:
             if self._trustd is not None:
                 await self._trustd.stop()
                 self._trustd = None
-            self.maintenance = True
+            self.maintenance, self.phase, self.insecure_api = True, "maintenance", False
             self.events.emit("sequence", "maintenance", "reset: waiting for apply-config --insecure")
             self._server = await api.serve_maintenance(
                 backend=self._backend, node=self.name, listen=self.listen

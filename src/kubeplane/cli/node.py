@@ -4,6 +4,9 @@
 Every command works on the target of :mod:`kubeplane.cli.connect` (client config context,
 ``-e``/``-n`` overrides); with several nodes, each node's result is labelled with the node and one
 node failing prints its error to stderr without hiding the others (the command then exits 1).
+``version --insecure`` asks nodes serving the maintenance API (``-n`` names them), which includes a
+worker whose boot waits for its first node API certificate: the reply's ``phase`` and ``waiting``
+say where its boot is.
 
 Changing the machine config:
 
@@ -134,14 +137,25 @@ def _many(target: connect.Target | None, replies: Sequence[object] = ()) -> bool
 
 @click.command()
 @click.option("--client", "client_only", is_flag=True, help="Print the client version only.")
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Ask nodes serving the maintenance API (no client certificate), e.g. a worker whose boot "
+    "waits for its first node API certificate; the reply shows what it waits for.",
+)
 @output.output_option
-def version(*, client_only: bool, fmt: output.Format) -> None:
-    """Print the client version and each node's server version."""
+def version(*, client_only: bool, insecure: bool, fmt: output.Format) -> None:
+    """Print the client version and each node's server version, boot phase and what a boot waits for."""
     client_version = {"tag": kubeplane.__version__}
     outcome = connect.Outcome()
     servers: list[tuple[str, dict[str, Any]]] = []
-    target = None if client_only else connect.resolve(connect.options())
-    if target is not None:
+    target = None
+    if insecure and not client_only:
+        for address in connect.insecure_addresses(connect.options()):
+            replies = connect.node_replies(None, NodeClient.version, node=address, insecure_address=address)
+            servers += outcome.results(replies)
+    elif not client_only:
+        target = connect.resolve(connect.options())
         servers = outcome.results(connect.with_client(target, NodeClient.version))
     if fmt == "table":
         lines = ["Client:", *output.mapping_lines(client_version)]

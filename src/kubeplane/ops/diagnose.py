@@ -10,6 +10,8 @@ The branches, in the guide's order (``id`` of the diagnosis in brackets):
 
 - a node whose node API does not answer: a worker waits for trustd [``worker-node-api-unreachable``],
   a control plane node is down [``node-api-unreachable``];
+- a node whose boot has not finished (a worker waiting for its node API certificate, usually
+  because of a wrong control plane endpoint) [``boot-unfinished``];
 - kubelet not running [``kubelet-not-running``];
 - etcd: not running (crashing, or stuck preparing) [``etcd-not-running``]; starting from stale
   data, a member the cluster removed or another cluster's, as its log says [``etcd-stale-data``];
@@ -121,6 +123,8 @@ class NodeEvidence:
     control_plane: bool
     unreachable: str | None = None
     hostname: str = ""
+    #: What the node's boot still waits for (``version``'s ``waiting``); empty once it finished.
+    boot_wait: str = ""
     services: Mapping[str, Service] = dataclasses.field(default_factory=dict)
     bootstrap_node: bool = False
     self_hosted: bool = False
@@ -345,11 +349,36 @@ def _node_api(evidence: Evidence) -> list[Diagnosis]:
                 "trustd on the control plane nodes, which it finds through the control plane endpoint "
                 "once its kubelet joined, so check both",
                 evidence=(f"node API: {node.unreachable}", _api_state(evidence.kube), joined),
-                commands=("kubectl get nodes -o wide", f"kubeplane -e {node.address} version"),
+                # A worker that never got its certificate serves the maintenance API meanwhile.
+                commands=(
+                    "kubectl get nodes -o wide",
+                    f"kubeplane -e {node.address} version",
+                    _cmd(node.address, "version", "--insecure"),
+                ),
                 checks=(health.NODES_READY,),
             )
         )
     return found
+
+
+def _boot_unfinished(evidence: Evidence) -> list[Diagnosis]:
+    return [
+        Diagnosis(
+            id="boot-unfinished",
+            node=node.address,
+            cause="this node has not finished booting; when it waits for trustd, its "
+            "cluster.controlPlane.endpoint is usually wrong: fix the config with --immediate (or "
+            "--on-reboot, then reboot); the default apply mode is refused until the boot finishes",
+            evidence=(f"the boot waits for {node.boot_wait}",),
+            commands=(
+                _cmd(node.address, "get", "mc", "-o", "yaml"),
+                _cmd(node.address, "apply-config", "--immediate", "-f", "FIXED-CONFIG.yaml"),
+            ),
+            checks=(health.NODES_READY,),
+        )
+        for node in _reachable(evidence)
+        if node.boot_wait
+    ]
 
 
 def _kubelet(evidence: Evidence) -> list[Diagnosis]:
@@ -946,6 +975,7 @@ def _manifests(evidence: Evidence) -> list[Diagnosis]:
 
 _BRANCHES: Sequence[Callable[[Evidence], list[Diagnosis]]] = (
     _node_api,
+    _boot_unfinished,
     _kubelet,
     _etcd,
     _static_pods,

@@ -234,6 +234,8 @@ async def _one(call: Any) -> Any:
 
 async def _read_node(client: api.NodeClient, found: dict[str, Any], *, clock: Callable[[], float]) -> None:
     with contextlib.suppress(api.APIError):
+        found["boot_wait"] = str((await _one(client.version())).get("waiting") or "")
+    with contextlib.suppress(api.APIError):
         addresses = await _one(client.resource_get("NodeAddresses", "current"))
         found["hostname"] = str((addresses.get("spec") or {}).get("hostname", ""))
     with contextlib.suppress(api.APIError):

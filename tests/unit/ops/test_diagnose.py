@@ -136,6 +136,15 @@ def test_a_worker_whose_node_api_does_not_answer_waits_for_trustd() -> None:
     assert "Kubernetes node worker-1 is registered (Ready True)" in found.evidence
 
 
+def test_a_node_whose_boot_waits_is_explained_with_the_modes_that_fix_it() -> None:
+    waiting = "the node API certificate from trustd (control plane endpoint https://10.9.9.9:6443): refused"
+    found = only(with_node(healthy(), WORKER, boot_wait=waiting))
+    assert (found.id, found.node) == ("boot-unfinished", WORKER)
+    assert found.evidence == (f"the boot waits for {waiting}",)
+    assert "--immediate" in found.cause and "--on-reboot" in found.cause
+    assert f"kubeplane -n {WORKER} apply-config --immediate -f FIXED-CONFIG.yaml" in found.commands
+
+
 def test_a_control_plane_node_whose_node_api_does_not_answer() -> None:
     found = only(with_node(healthy(), CPS[1], unreachable="connection refused", services={}))
     assert (found.id, found.node) == ("node-api-unreachable", CPS[1])

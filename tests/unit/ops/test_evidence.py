@@ -33,8 +33,11 @@ def service(service_id: str, *, running: bool = True) -> dict[str, Any]:
 class FakeNode:
     """A node API client for one node (``factory([address])``)."""
 
-    def __init__(self, address: str, *, kubelet_running: bool = True, reachable: bool = True) -> None:
+    def __init__(
+        self, address: str, *, kubelet_running: bool = True, reachable: bool = True, boot_wait: str = ""
+    ) -> None:
         self.address = address
+        self.boot_wait = boot_wait
         self.cp = address == CP
         self.kubelet_running = kubelet_running
         self.reachable = reachable
@@ -54,6 +57,10 @@ class FakeNode:
             return [api.Reply(node=self.address, error=api.CallError("UNAVAILABLE", "connection refused"))]
         names = ["containerd", "kubelet", *(["etcd"] if self.cp else [])]
         return self._reply([service(n, running=n != "kubelet" or self.kubelet_running) for n in names])
+
+    async def version(self) -> list[api.Reply[Any]]:
+        waiting = {"waiting": self.boot_wait} if self.boot_wait else {}
+        return self._reply({"phase": "booting" if self.boot_wait else "running", **waiting})
 
     async def resource_get(self, type: str, id: str, *, namespace: str | None = None) -> list[api.Reply[Any]]:
         specs = {
@@ -174,10 +181,11 @@ def gather(nodes: dict[str, FakeNode], kube: FakeKube, **kwargs: Any) -> diagnos
 
 
 def test_gather_reads_nodes_and_the_kubernetes_api() -> None:
-    nodes = {CP: FakeNode(CP), WORKER: FakeNode(WORKER)}
+    nodes = {CP: FakeNode(CP), WORKER: FakeNode(WORKER, boot_wait="the node API certificate: refused")}
     found = gather(nodes, FakeKube())
     cp = found.nodes[CP]
     assert cp.hostname == "node-2"
+    assert cp.boot_wait == "" and found.nodes[WORKER].boot_wait == "the node API certificate: refused"
     assert cp.services["etcd"].up and cp.bootstrap_node and not cp.self_hosted
     assert cp.static_pods == health.CONTROL_PLANE_COMPONENTS
     assert cp.manifest_files == tuple(f"kubeplane-{c}.yaml" for c in health.CONTROL_PLANE_COMPONENTS)
