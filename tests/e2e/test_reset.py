@@ -2,9 +2,9 @@
 
 As the third seed's "Resetting a Machine" guide runs it, with our CLI:
 
-1. refused: with etcd stopped on another control plane node, a graceful reset would leave two
-   members of which one is healthy, below the quorum of two: the reset is refused before anything
-   changed (the node is not even cordoned), naming the reason;
+1. refused: with etcd stopped on another control plane node (``health --explain`` says so), a
+   graceful reset would leave two members of which one is healthy, below the quorum of two: the
+   reset is refused before anything changed (the node is not even cordoned), naming the reason;
 2. graceful ``reset --reboot`` of the third control plane node: a workload that preferred that
    node moves to another one, etcd has two voting members, the Node object is gone, the API
    answers through the endpoint, and the node waits in maintenance mode;
@@ -135,6 +135,9 @@ def test_reset_refuses_to_break_quorum_then_resets_and_the_node_rejoins(
     stopped = cluster.cli("-n", second, "service", "etcd", "stop")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     try:
+        # health --explain names it: a stopped etcd on a node that joined (not "waiting to join").
+        found = wait_for_diagnosis(cluster, "etcd-not-running", second, quoting="Service stopped", timeout=60)
+        assert "was stopped" in found["cause"], found["cause"]
         refused = cluster.cli("-n", node, "reset", "--reboot", timeout=300)
         assert refused.returncode == 1, refused.stdout + refused.stderr
         assert f"refusing a graceful reset of {host}" in refused.stderr, refused.stderr

@@ -449,7 +449,8 @@ def _etcd(evidence: Evidence) -> list[Diagnosis]:
         ]
     found = []
     for node, etcd in down:
-        if etcd is not None and not node.bootstrap_node and _waiting_to_join(etcd):
+        # A stopped etcd's last events may still be those of its join: stopped says more.
+        if etcd is not None and not node.bootstrap_node and not _stopped(etcd) and _waiting_to_join(etcd):
             found.append(
                 Diagnosis(
                     id="etcd-waiting-to-join",

@@ -231,6 +231,23 @@ def test_etcd_on_another_control_plane_node_waits_for_the_kubernetes_api() -> No
     assert "kubectl get endpoints kubernetes" in found.commands
 
 
+def test_etcd_stopped_after_joining_is_stopped_not_waiting_to_join() -> None:
+    etcd = Service(
+        id="etcd",
+        state="Finished",
+        running=False,
+        events=(
+            "[Preparing]: joining etcd through https://10.5.0.2:2379",
+            "[Running]: Health check successful",
+            "[Finished]: Service stopped",
+        ),
+    )
+    evidence = with_node(healthy(), CPS[2], services=services(healthy().nodes[CPS[2]], etcd=etcd))
+    found = only(evidence)
+    assert (found.id, found.node) == ("etcd-not-running", CPS[2])
+    assert "was stopped" in found.cause
+
+
 def test_no_bootstrapped_node_means_etcd_runs_nowhere() -> None:
     waiting = Service(
         id="etcd",
