@@ -100,9 +100,7 @@ def service_environment(base: Mapping[str, str], machine_env: Mapping[str, str])
     return {**kept, **machine_env}
 
 
-async def ctr(
-    socket: Path, *args: str, timeout: float = 120.0, env: Mapping[str, str] | None = None
-) -> str:
+async def ctr(socket: Path, *args: str, timeout: float = 120.0, env: Mapping[str, str] | None = None) -> str:
     """Run ``ctr --address SOCKET -n k8s.io ARGS``; raises RuntimeError with its stderr on failure.
 
     ``env`` is its complete environment (``None`` inherits the agent's).
@@ -483,7 +481,9 @@ class NodeServices:
         binary = shutil.which("containerd")
         if binary is None:
             raise FileNotFoundError("containerd is not installed (Debian package containerd)")
-        return process.Command([binary, "--config", str(self.paths.containerd_config)], env=self.environment())
+        return process.Command(
+            [binary, "--config", str(self.paths.containerd_config)], env=self.environment()
+        )
 
     async def _containerd_health(self) -> None:
         await ctr(self.paths.containerd_socket, "version", timeout=5.0)
