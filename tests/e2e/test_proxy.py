@@ -12,6 +12,10 @@ both kinds of pulls a node makes must show up in tinyproxy's log:
 
 Each pull asks for a tag pushed just before under a fresh name, so no node already has it. The
 cluster is left as it was: the patch is removed again and the cluster is healthy.
+
+The guide's next step, the DNS nameservers, goes in the same patch and shows in the node's
+``/etc/resolv.conf``. Its NTP servers are not acted on by a local node, which shares the host's
+clock (README.md, "Corporate proxies").
 """
 
 from __future__ import annotations
@@ -154,6 +158,12 @@ def services_have(cluster: E2ECluster, node: str, proxy: str | None) -> bool:
     return True
 
 
+def node_file(cluster: E2ECluster, node: str, path: str) -> str:
+    """A file of ``node`` as ``kubeplane read`` prints it ("" when the read fails)."""
+    result = cluster.cli("-n", node, "read", path)
+    return result.stdout if result.returncode == 0 else ""
+
+
 def pod_image_id(cluster: E2ECluster, pod: str) -> str:
     result = cluster.kubectl("get", "pod", pod, "-o", "json")
     if result.returncode != 0:
@@ -172,7 +182,10 @@ def test_corporate_proxy_carries_the_nodes_pulls(
     endpoint_port = urlsplit(cluster.endpoint).port
     config = cluster.cli("-n", worker, "get", "mc", "-o", "json")
     assert config.returncode == 0, config.stdout + config.stderr
-    assert '"env"' not in config.stdout, "the test adds machine.env and removes it after"
+    machine = json.loads(config.stdout.splitlines()[0])["spec"]["machine"]
+    assert "env" not in machine, "the test adds machine.env and removes it after"
+    nameservers = machine["network"]["nameservers"]
+    assert host not in nameservers
 
     # "To make use of a proxy": the guide's machine.env, applied the default way (the node's
     # services restart and read their environment again). The registry is not in no_proxy.
@@ -180,7 +193,11 @@ def test_corporate_proxy_carries_the_nodes_pulls(
     env = {"http_proxy": proxy_url, "https_proxy": proxy_url, "no_proxy": no_proxy}
     pod = f"proxy-probe-{secrets.token_hex(3)}"
     try:
-        patch = [{"op": "add", "path": "/machine/env", "value": env}]
+        # "Additionally, configure the DNS nameservers": in the same patch, so one restart applies both.
+        patch = [
+            {"op": "add", "path": "/machine/env", "value": env},
+            {"op": "replace", "path": "/machine/network/nameservers", "value": [host]},
+        ]
         result = cluster.cli("-n", worker, "patch", "mc", "-p", json.dumps(patch))
         assert result.returncode == 0, result.stdout + result.stderr
         wait_until(
@@ -189,6 +206,11 @@ def test_corporate_proxy_carries_the_nodes_pulls(
         )
         health = cluster.cli("health", "--wait-timeout", "5m")
         assert health.returncode == 0, health.stdout + health.stderr
+        wait_until(
+            f"nameserver {host} in {worker}'s /etc/resolv.conf",
+            lambda: f"nameserver {host}" in node_file(cluster, worker, "/etc/resolv.conf").splitlines(),
+            timeout=60,
+        )
 
         # A pod on the node: containerd pulls its image through the proxy.
         tag = f"cri-{secrets.token_hex(4)}"
@@ -210,9 +232,11 @@ def test_corporate_proxy_carries_the_nodes_pulls(
         assert proxied_manifest_requests(proxy_log, tag), proxy_log.read_text()
     finally:
         cluster.kubectl("delete", "pod", pod, "--ignore-not-found", "--wait=false")
-        undo = cluster.cli(
-            "-n", worker, "patch", "mc", "-p", json.dumps([{"op": "remove", "path": "/machine/env"}])
-        )
+        undo_patch = [
+            {"op": "remove", "path": "/machine/env"},
+            {"op": "replace", "path": "/machine/network/nameservers", "value": nameservers},
+        ]
+        undo = cluster.cli("-n", worker, "patch", "mc", "-p", json.dumps(undo_patch))
         assert undo.returncode == 0, undo.stdout + undo.stderr
         wait_until(
             "containerd and the kubelet to run without the proxy",
