@@ -22,6 +22,15 @@ services made, and its cgroups: only what it owns, see :mod:`kubeplane.agent.own
   ``allowSchedulingOnMasters``; kubelet v1.20 may not set ``node-role.kubernetes.io/*`` labels
   on itself, so the agent adds them once the node registered. Healthy when ``:10248/healthz`` is.
 - ``etcd`` on control plane nodes: :mod:`kubeplane.agent.etcd`.
+
+``machine.env`` (the corporate proxy guide's ``http_proxy``, ``https_proxy``, ``no_proxy``) is
+added to the environment containerd and the kubelet start with, and to the ``ctr`` pulls the
+agent makes itself (:meth:`NodeServices.pull_image`): containerd's CRI pulls, the kubelet's API
+calls and the agent's pulls all read the proxy from there. A configured variable replaces an
+inherited one of the same name in any case (``HTTP_PROXY`` for ``http_proxy``), because Go
+programs prefer the upper-case form and would otherwise ignore the config. Go reads the
+environment once per process, so a change takes effect when the services restart (the default
+apply mode).
 """
 
 from __future__ import annotations
@@ -33,9 +42,10 @@ import datetime
 import hashlib
 import json
 import logging
+import os
 import shutil
 import subprocess
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +89,22 @@ def image_tag(image: str) -> str:
     return name.rpartition(":")[2] if ":" in name else "latest"
 
 
-async def ctr(socket: Path, *args: str, timeout: float = 120.0) -> str:
-    """Run ``ctr --address SOCKET -n k8s.io ARGS``; raises RuntimeError with its stderr on failure."""
+def service_environment(base: Mapping[str, str], machine_env: Mapping[str, str]) -> dict[str, str]:
+    """``base`` (the agent's own environment) with ``machine_env`` laid over it.
+
+    An inherited variable whose name differs from a configured one only in case is dropped:
+    ``machine.env: {http_proxy: ...}`` must not lose to an ``HTTP_PROXY`` the agent inherited.
+    """
+    configured = {name.lower() for name in machine_env}
+    kept = {name: value for name, value in base.items() if name.lower() not in configured}
+    return {**kept, **machine_env}
+
+
+async def ctr(socket: Path, *args: str, timeout: float = 120.0, env: Mapping[str, str] | None = None) -> str:
+    """Run ``ctr --address SOCKET -n k8s.io ARGS``; raises RuntimeError with its stderr on failure.
+
+    ``env`` is its complete environment (``None`` inherits the agent's).
+    """
     result = await asyncio.to_thread(
         subprocess.run,
         ["ctr", "--address", str(socket), "-n", CRI_NAMESPACE, *args],
@@ -88,6 +112,7 @@ async def ctr(socket: Path, *args: str, timeout: float = 120.0) -> str:
         text=True,
         check=False,
         timeout=timeout,
+        env=dict(env) if env is not None else None,
     )
     if result.returncode != 0:
         raise RuntimeError(
@@ -119,12 +144,15 @@ def split_reference(image: str) -> tuple[str, str]:
     return "docker.io", image
 
 
-async def pull_through_mirrors(socket: Path, image: str, *, mirrors: dict[str, list[str]]) -> bool:
+async def pull_through_mirrors(
+    socket: Path, image: str, *, mirrors: dict[str, list[str]], env: Mapping[str, str] | None = None
+) -> bool:
     """Pull ``image`` into containerd (CRI namespace), trying the mirrors of its registry first.
 
     ``ctr`` ignores the CRI plugin's mirror config, so the mirror is resolved here the way the CRI
     plugin does it (the registry's own entry, else ``*``) and the pulled image is tagged with its
     original reference, which is what the kubelet asks for. Returns False when it was present.
+    ``env`` is the environment of the pulling ``ctr`` (the node's proxy settings).
     """
     present = set((await ctr(socket, "images", "ls", "-q")).split())
     if image in present:
@@ -138,7 +166,7 @@ async def pull_through_mirrors(socket: Path, image: str, *, mirrors: dict[str, l
             scheme, _, address = endpoint.partition("://")
             source, flags = f"{address.rstrip('/')}/{path}", (["--plain-http"] if scheme == "http" else [])
         try:
-            await ctr(socket, "images", "pull", *flags, source, timeout=600.0)
+            await ctr(socket, "images", "pull", *flags, source, timeout=600.0, env=env)
             if source != image:
                 await ctr(socket, "images", "tag", "--force", source, image)
             return True
@@ -354,6 +382,14 @@ class NodeServices:
 
     # -- specs ------------------------------------------------------------------------------
 
+    def environment(self) -> dict[str, str] | None:
+        """The environment of the node's services and pulls: the agent's own with ``machine.env``
+        over it (:func:`service_environment`); None (inherit unchanged) when nothing is set."""
+        machine_env = self.document.model.machine.env
+        if not machine_env:
+            return None
+        return service_environment(os.environ, machine_env)
+
     def specs(self) -> list[supervisor.ServiceSpec]:
         specs = [
             supervisor.ServiceSpec(
@@ -445,7 +481,9 @@ class NodeServices:
         binary = shutil.which("containerd")
         if binary is None:
             raise FileNotFoundError("containerd is not installed (Debian package containerd)")
-        return process.Command([binary, "--config", str(self.paths.containerd_config)])
+        return process.Command(
+            [binary, "--config", str(self.paths.containerd_config)], env=self.environment()
+        )
 
     async def _containerd_health(self) -> None:
         await ctr(self.paths.containerd_socket, "version", timeout=5.0)
@@ -574,10 +612,12 @@ class NodeServices:
 
     async def pull_image(self, image: str) -> bool:
         """Pull ``image`` into containerd through the node's mirrors; False when it was already there."""
-        return await pull_through_mirrors(self.paths.containerd_socket, image, mirrors=self.mirrors())
+        return await pull_through_mirrors(
+            self.paths.containerd_socket, image, mirrors=self.mirrors(), env=self.environment()
+        )
 
     async def _kubelet_command(self) -> process.Command:
-        return process.Command([str(self.kubelet_binary()), *self.kubelet_args()])
+        return process.Command([str(self.kubelet_binary()), *self.kubelet_args()], env=self.environment())
 
     async def _kubelet_health(self) -> None:
         async with httpx.AsyncClient(timeout=2.0) as http:

@@ -210,3 +210,76 @@ def test_containerd_puts_its_shims_in_the_nodes_own_cgroup(tmp_path: Path) -> No
         NodePaths(tmp_path).containerd_root,
         NodePaths(tmp_path).containerd_state,
     )
+
+
+PROXY_ENV = {
+    "http_proxy": "http://10.5.0.1:8888",
+    "https_proxy": "http://10.5.0.1:8888",
+    "no_proxy": "10.5.0.1:6443,10.5.0.2",
+}
+
+
+def proxied_node(tmp_path: Path, machine_type: str = "worker") -> agent_services.NodeServices:
+    """A node whose machine config carries the corporate proxy guide's ``machine.env``."""
+    document = copy.deepcopy(DOCUMENTS[machine_type])
+    document["machine"]["env"] = PROXY_ENV
+    return agent_services.NodeServices(
+        paths=NodePaths(tmp_path),
+        document=config.load(yaml.safe_dump(document)),
+        name="w1",
+        node_ip="10.5.0.3",
+        state=resources.State(resources.default_registry()),
+    )
+
+
+def test_machine_env_wins_over_the_inherited_variable_in_any_case() -> None:
+    inherited = {"PATH": "/usr/bin", "HTTP_PROXY": "http://old:3128", "Https_Proxy": "http://old:3128"}
+    merged = agent_services.service_environment(inherited, PROXY_ENV)
+    # Go prefers HTTP_PROXY to http_proxy: an inherited upper-case form would hide the config.
+    assert merged == {"PATH": "/usr/bin", **PROXY_ENV}
+
+
+def test_machine_env_reaches_containerd_and_the_kubelet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://inherited:3128")
+    monkeypatch.setenv("KUBEPLANE_UNIT_MARKER", "kept")
+    monkeypatch.setattr(agent_services.shutil, "which", lambda name: f"/usr/bin/{name}")
+    services = proxied_node(tmp_path)
+    monkeypatch.setattr(services, "kubelet_binary", lambda: Path("/usr/bin/kubelet"))
+    for command in (asyncio.run(services._containerd_command()), asyncio.run(services._kubelet_command())):
+        assert command.env is not None
+        assert {name: command.env[name] for name in PROXY_ENV} == PROXY_ENV
+        assert "HTTPS_PROXY" not in command.env
+        # The rest of the agent's environment (PATH above all) is still there.
+        assert command.env["KUBEPLANE_UNIT_MARKER"] == "kept"
+        assert command.env["PATH"] == os.environ["PATH"]
+
+
+def test_without_machine_env_services_inherit_the_agents_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(agent_services.shutil, "which", lambda name: f"/usr/bin/{name}")
+    services = node(tmp_path, "worker")
+    assert services.environment() is None
+    assert asyncio.run(services._containerd_command()).env is None
+
+
+FAKE_CTR = """#!/bin/sh
+# Records the environment of each pull; lists no image, so every image must be pulled.
+if [ "$5 $6" = "images pull" ]; then env > "$(dirname "$0")/pull.env"; fi
+"""
+
+
+def test_the_agents_own_pulls_run_with_machine_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ctr").write_text(FAKE_CTR)
+    (bin_dir / "ctr").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    services = proxied_node(tmp_path / "node")
+    assert asyncio.run(services.pull_image("k8s.gcr.io/pause:3.2")) is True
+    recorded = dict(
+        line.split("=", 1) for line in (bin_dir / "pull.env").read_text().splitlines() if "=" in line
+    )
+    assert {name: recorded[name] for name in PROXY_ENV} == PROXY_ENV
