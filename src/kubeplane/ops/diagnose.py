@@ -508,8 +508,12 @@ RECENT_ETCD_LINES = 150
 
 def _stale_etcd_lines(node: NodeEvidence) -> list[str]:
     """etcd's recent log lines that say its data belongs to a member its peers do not know."""
-    recent = node.logs.get("etcd", ())[-RECENT_ETCD_LINES:]
-    return [line.strip() for line in recent if _STALE_ETCD.search(line)]
+    return _recent_lines(node, "etcd", RECENT_ETCD_LINES, lambda line: bool(_STALE_ETCD.search(line)))
+
+
+def _recent_lines(node: NodeEvidence, key: str, count: int, matches: Callable[[str], bool]) -> list[str]:
+    """The lines among the last ``count`` of log ``key`` that ``matches`` accepts, stripped."""
+    return [line.strip() for line in node.logs.get(key, ())[-count:] if matches(line)]
 
 
 def _stopped(service: Service) -> bool:
@@ -591,8 +595,7 @@ RECENT_KUBELET_LINES = 20
 
 def _kubelet_unknown_authority(node: NodeEvidence) -> list[str]:
     """The kubelet's recent log lines that report TLS to the API failing on an unknown CA."""
-    recent = node.logs.get("kubelet", ())[-RECENT_KUBELET_LINES:]
-    return [line.strip() for line in recent if _unknown_authority(line)]
+    return _recent_lines(node, "kubelet", RECENT_KUBELET_LINES, _unknown_authority)
 
 
 def _endpoint_down(evidence: Evidence) -> list[Diagnosis]:
