@@ -16,6 +16,7 @@ print and the command exits 1 at the end (:meth:`Outcome.finish`).
 from __future__ import annotations
 
 import asyncio
+import datetime
 import shlex
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from kubeplane import pki
 from kubeplane.api import APIError, CallError, ConnectError, Credentials, NodeClient, Reply
 from kubeplane.cli import output
 from kubeplane.config import client as client_config
@@ -34,6 +36,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 NO_ENDPOINTS = "no endpoints: pass -e or set them with `kubeplane config endpoints`"
+#: Where the README explains the renewal an expired client certificate needs.
+RENEWAL_HINT = (
+    'renew it with the OS CA (README: "Renewing an expired administrator certificate") '
+    "or mint a new config with `kubeplane config new` from a config that still works"
+)
 
 
 @dataclass(frozen=True)
@@ -87,10 +94,37 @@ def resolve(obj: main.Context) -> Target:
             f"context {name!r} in {path} has no credentials (ca, crt, key): "
             "add them with `kubeplane config add` or merge a generated client config"
         )
+    _check_validity(context.client.cert, context=name, path=path)
     credentials = Credentials(ca=context.ca_pem, cert=context.client.cert, key=context.client.key)
     return Target(
         endpoints=tuple(endpoints), nodes=obj.nodes or context.nodes, credentials=credentials, context=name
     )
+
+
+def _check_validity(cert_pem: bytes, *, context: str, path: str) -> None:
+    """Refuse a client certificate outside its validity period before any node sees it.
+
+    A node answers an expired certificate with a bare TLS alert that names neither the
+    certificate nor the fix; here the user learns which context, since when, and what to do.
+    """
+    try:
+        info = pki.cert_info(cert_pem)
+    except (pki.PKIError, ValueError) as exc:
+        raise click.ClickException(
+            f"the client certificate of context {context!r} in {path} cannot be read: {exc}"
+        ) from exc
+    now = datetime.datetime.now(datetime.UTC)
+    if now >= info.not_after:
+        ago = output.duration((now - info.not_after).total_seconds())
+        raise click.ClickException(
+            f"the client certificate of context {context!r} in {path} expired at "
+            f"{output.timestamp(info.not_after.timestamp())} ({ago} ago): {RENEWAL_HINT}"
+        )
+    if now < info.not_before:
+        raise click.ClickException(
+            f"the client certificate of context {context!r} in {path} is not valid before "
+            f"{output.timestamp(info.not_before.timestamp())}: check this machine's clock"
+        )
 
 
 def client(target: Target, *, nodes: Sequence[str] | None = None) -> NodeClient:

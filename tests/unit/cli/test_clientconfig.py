@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import stat
 from pathlib import Path
@@ -115,3 +116,36 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     result = run(tmp_path / "none", "config", "info")
     assert result.exit_code == 1
     assert "no contexts" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("shift", "expected"),
+    [
+        (-datetime.timedelta(hours=3), "expired at"),  # signed 3 h ago for 1 h
+        (datetime.timedelta(hours=3), "is not valid before"),  # the clock is behind the signer's
+    ],
+)
+def test_a_certificate_outside_its_validity_is_refused_before_any_node_is_called(
+    tmp_path: Path, material: Material, shift: datetime.timedelta, expected: str
+) -> None:
+    signed_at = datetime.datetime.now(datetime.UTC) + shift
+    client = pki.issue(
+        ca=material.os_ca,
+        common_name="admin",
+        organizations=[pki.ROLE_ADMIN],
+        usages=["client"],
+        lifetime=datetime.timedelta(hours=1),
+        now=signed_at,
+    )
+    path = tmp_path / "config"
+    entry = client_config.Context.from_pem(endpoints=["192.0.2.1"], ca=material.os_ca.cert, client=client)
+    client_config.save(client_config.add_context(client_config.ClientConfig(), "old", entry), path)
+
+    # 192.0.2.1 (TEST-NET) is never dialled: the refusal comes first, so this returns at once.
+    result = run(path, "version")
+    assert result.exit_code == 1
+    assert f"client certificate of context 'old' in {path} {expected}" in result.stderr
+    if shift < datetime.timedelta(0):
+        assert "ago)" in result.stderr and "Renewing an expired administrator certificate" in result.stderr
+    # Commands that only edit the client config still work, so the user can put a renewed one in.
+    assert run(path, "config", "info").exit_code == 0
