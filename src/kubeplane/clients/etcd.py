@@ -226,6 +226,16 @@ class DeleteResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class CreateResult:
+    """The answer to :meth:`EtcdClient.create`: whether the key was created, the store revision,
+    and the key as it is when it existed already (``current``)."""
+
+    created: bool
+    revision: int
+    current: KeyValue | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Lease:
     """A granted lease: its ID and the TTL (seconds) the server granted."""
 
@@ -450,6 +460,22 @@ class EtcdClient:
         if prev_kv:
             body["prev_kv"] = True
         return PutResult.from_json(await self._call("/v3/kv/put", body))
+
+    async def create(self, key: bytes, value: bytes, *, lease: int = 0) -> CreateResult:
+        """Write ``key`` only if it does not exist, in one transaction (an election's campaign:
+        of several nodes asking at once exactly one gets ``created``); otherwise read it."""
+        body = {
+            "compare": [{"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+            "success": [{"request_put": _put_body(key, value, lease=lease)}],
+            "failure": [{"request_range": _range_body(key, prefix=False)}],
+        }
+        data = await self._call("/v3/kv/txn", body)
+        revision = _int(data.get("header", {}).get("revision"))
+        if data.get("succeeded"):
+            return CreateResult(created=True, revision=revision)
+        responses = data.get("responses") or [{}]
+        found = RangeResult.from_json(responses[0].get("response_range", {}))
+        return CreateResult(created=False, revision=revision, current=found.kvs[0] if found.kvs else None)
 
     async def delete(self, key: bytes, *, prefix: bool = False) -> DeleteResult:
         """Delete ``key`` (or every key under it); returns how many were deleted."""

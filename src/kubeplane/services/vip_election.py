@@ -1,0 +1,201 @@
+"""The shared VIP's election in etcd, run by each control plane node (:class:`Election`); the
+rules it follows are in :mod:`kubeplane.services.vip`.
+
+One :meth:`Election.run` loop per VIP:
+
+1. wait until the local kube-apiserver answers (no point drawing clients to a node that cannot
+   serve them);
+2. campaign: grant a lease and create the VIP's key with it, only if absent
+   (:meth:`~kubeplane.clients.etcd.EtcdClient.create`). Lost: watch the key until it changes (or
+   for two ticks, to look at the health again) and campaign again. A key holding this node's
+   own name is a leftover of this agent's previous run (it stopped without revoking): it is
+   deleted and the campaign repeated;
+3. won: every tick renew the address and its lifetime, send the first gratuitous ARPs, and at
+   the same time renew the lease and check the kube-apiserver; give up as soon as
+   :meth:`~kubeplane.services.vip.Tenure.verdict` says so;
+4. give up: remove the address first, then revoke the lease (which deletes the key, so the
+   others' watches fire at once), and start over.
+
+Cancelling :meth:`Election.run` (the agent stops, the config changes) gives the VIP up the same
+way before it returns. :attr:`Election.status` says who owns the VIP as far as this node knows,
+and ``on_change`` is called whenever that changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from kubeplane.clients import errors
+from kubeplane.clients import etcd as etcd_client
+from kubeplane.services import vip
+
+log = logging.getLogger(__name__)
+
+
+class VipNetwork(Protocol):
+    """The address and its announcement (blocking; :class:`kubeplane.services.vip_io.NetlinkVip`)."""
+
+    def hold(self, address: vip.Vip, lifetime: int) -> None: ...
+
+    def release(self, address: vip.Vip) -> bool: ...
+
+    def announce(self, address: vip.Vip) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    """What this node knows of a VIP: its ``owner`` (empty: none known), whether this node
+    ``held`` it, and why the last change happened."""
+
+    owner: str = ""
+    held: bool = False
+    reason: str = ""
+
+
+class Election:
+    """One node's side of one VIP's election (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        etcd: etcd_client.EtcdClient,
+        address: vip.Vip,
+        node: str,
+        network: VipNetwork,
+        healthy: Callable[[], Awaitable[bool]],
+        timing: vip.Timing | None = None,
+        on_change: Callable[[Status], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.etcd = etcd
+        self.address = address
+        self.node = node
+        self.network = network
+        self.healthy = healthy
+        self.timing = timing or vip.Timing()
+        self.on_change = on_change
+        self.clock = clock
+        self.key = vip.key(address.ip)
+        self.status = Status(reason="starting")
+
+    def _set(self, status: Status) -> None:
+        if status != self.status:
+            self.status = status
+            if self.on_change is not None:
+                self.on_change(status)
+
+    async def run(self) -> None:
+        """Campaign, hold and give up, until cancelled (see the module docstring)."""
+        # An address left by this agent's previous run goes before anything else.
+        if await asyncio.to_thread(self.network.release, self.address):
+            log.info("removed %s left from an earlier run", self.address.cidr)
+        while True:
+            try:
+                await self._round()
+            except (errors.EtcdError, TimeoutError) as exc:
+                self._set(Status(reason=f"etcd: {exc or 'timed out'}"))
+                await asyncio.sleep(self.timing.tick)
+            except vip.VipError as exc:
+                log.warning("%s", exc)
+                self._set(Status(reason=str(exc)))
+                await asyncio.sleep(self.timing.tick)
+
+    async def _round(self) -> None:
+        tick = self.timing.tick
+        if not await self._check():
+            self._set(dataclasses.replace(self.status, reason="waiting for the local kube-apiserver to answer"))
+            await asyncio.sleep(tick)
+            return
+        asked = self.clock()
+        async with asyncio.timeout(2 * tick):
+            lease = await self.etcd.lease_grant(self.timing.ttl)
+        try:
+            async with asyncio.timeout(2 * tick):
+                result = await self.etcd.create(self.key, self.node.encode(), lease=lease.id)
+        except BaseException:
+            await self._revoke(lease.id)
+            raise
+        if not result.created:
+            await self._revoke(lease.id)
+            owner = result.current.value.decode() if result.current else ""
+            if owner == self.node:
+                log.info("deleting the VIP key %s left by this node's previous run", self.key.decode())
+                await self.etcd.delete(self.key)
+                return
+            self._set(Status(owner=owner, reason=f"{owner or 'another node'} holds it"))
+            changes = self.etcd.watch(self.key, start_revision=result.revision + 1)
+            with contextlib.suppress(TimeoutError, StopAsyncIteration):
+                async with asyncio.timeout(4 * tick), contextlib.aclosing(changes):
+                    await anext(changes)
+            return
+        tenure = vip.Tenure(self.timing, granted_at=asked, ttl=lease.ttl)
+        reason = "stopped"
+        try:
+            reason = await self._hold(tenure, lease.id)
+        finally:
+            await self._give_up(lease.id, reason)
+
+    async def _hold(self, tenure: vip.Tenure, lease_id: int) -> str:
+        """Keep the VIP while the tenure allows; returns why it ended."""
+        announcements = self.timing.announcements
+        while True:
+            reason = tenure.verdict(self.clock())
+            if reason is not None:
+                return reason
+            await asyncio.to_thread(self.network.hold, self.address, self.timing.lifetime)
+            if announcements > 0:
+                announcements -= 1
+                await asyncio.to_thread(self.network.announce, self.address)
+            if not self.status.held:
+                log.info("took %s on %s", self.address.cidr, self.address.link)
+                self._set(Status(owner=self.node, held=True, reason="elected"))
+            next_tick = self.clock() + self.timing.tick
+            await asyncio.sleep(max(0.0, min(next_tick, tenure.safe_until - self.timing.lifetime) - self.clock()))
+            sent = self.clock()
+            renewed, healthy = await asyncio.gather(self._keepalive(lease_id), self._check())
+            if renewed == 0:
+                tenure.lost()
+            elif renewed is not None:
+                tenure.keepalive(sent=sent, ttl=renewed)
+            tenure.health(healthy)
+
+    async def _keepalive(self, lease_id: int) -> int | None:
+        """The TTL etcd renewed the lease for; 0 when etcd says it is gone; None: no answer."""
+        try:
+            return await self.etcd.lease_keepalive(lease_id, timeout=self.timing.check_timeout)
+        except errors.EtcdNotFound:
+            return 0
+        except errors.EtcdError as exc:
+            log.info("VIP lease keep-alive failed: %s", exc)
+            return None
+
+    async def _check(self) -> bool:
+        try:
+            async with asyncio.timeout(self.timing.check_timeout):
+                return await self.healthy()
+        except TimeoutError:
+            return False
+
+    async def _give_up(self, lease_id: int, reason: str) -> None:
+        """Remove the address, then revoke the lease: the order that keeps the VIP single-owned."""
+        try:
+            removed = await asyncio.to_thread(self.network.release, self.address)
+        finally:
+            await self._revoke(lease_id)
+        if removed:
+            log.info("gave up %s: %s", self.address.cidr, reason)
+        self._set(Status(reason=f"gave it up: {reason}"))
+
+    async def _revoke(self, lease_id: int) -> None:
+        """Revoke the lease if etcd answers soon; otherwise it expires by itself."""
+        try:
+            async with asyncio.timeout(2 * self.timing.tick):
+                await self.etcd.lease_revoke(lease_id)
+        except (errors.EtcdError, TimeoutError) as exc:
+            log.info("VIP lease %x not revoked (it expires by itself): %s", lease_id, exc)

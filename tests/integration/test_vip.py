@@ -1,0 +1,128 @@
+"""The shared VIP's election for real: three node processes, each in its own network namespace on
+a bridge of the test's own, elect an owner in a real etcd. The VIP is held by exactly one node;
+it moves when the owner stops gracefully (well under a second), when it is SIGKILLed (within
+about the lease TTL: the kernel drops the dead owner's address when its lifetime runs out), when
+its kube-apiserver stops answering, and it is given up by everyone while etcd is frozen. The
+host's neighbour entry for the VIP follows each new owner through its gratuitous ARP. Sampled
+from the namespaces throughout: never two holders at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import vip_nodes
+from conftest import EtcdServer, write_pem
+from machines import Lan
+
+from kubeplane.services import vip
+
+pytestmark = pytest.mark.integration
+
+NODES = ("n1", "n2", "n3")
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, etcd_server: EtcdServer) -> Iterator[vip_nodes.VipNodes]:
+    lan = Lan(tmp_path / "lan")
+    started: vip_nodes.VipNodes | None = None
+    try:
+        hosts = [lan.add(name) for name in NODES]
+        ca, _ = write_pem(tmp_path / "vip-pki", "ca", etcd_server.ca.cert_only())
+        cert, key = write_pem(tmp_path / "vip-pki", "client", etcd_server.client)
+        access = vip_nodes.EtcdAccess(endpoint=etcd_server.endpoint, ca=ca, cert=cert, key=key)
+        ip = lan.cidr.rsplit(".", 1)[0] + ".250"
+        started = vip_nodes.VipNodes(
+            etcd=access,
+            hosts=[vip_nodes.Host(name=host.name, netns=host.netns) for host in hosts],
+            ip=ip,
+            directory=tmp_path / "vip",
+        )
+        yield started
+    finally:
+        if started is not None:
+            started.close()
+        leaks = lan.destroy()
+    assert not leaks, leaks
+
+
+def test_one_holder_that_fails_over_on_every_loss(nodes: vip_nodes.VipNodes, etcd_server: EtcdServer) -> None:
+    timing = vip.Timing()
+    sampler = vip_nodes.Sampler(nodes)
+    try:
+        for name in NODES:
+            nodes.start(name)
+        began = time.monotonic()
+        first = sampler.wait_for(lambda held: len(held) == 1, after=began, timeout=15)
+        owner = vip_nodes.holder_of(sampler.samples[-1][1]) or vip_nodes.holder_of(nodes.holders())
+        assert owner is not None, nodes.logs()
+        assert first - began < 10
+
+        # The host resolves the VIP to the owner's MAC.
+        vip_nodes.provoke_arp(nodes.address.ip)
+        _wait(lambda: vip_nodes.host_neighbour(nodes.address.ip) == nodes.mac(owner), "ARP to the owner")
+
+        # Graceful: SIGTERM the owner; another node has the VIP well within a second.
+        stopped = time.monotonic()
+        nodes.stop(owner)
+        moved = sampler.wait_for(
+            lambda held: bool(held) and owner not in held, after=stopped, timeout=5
+        )
+        assert moved - stopped < 1.0, nodes.logs()
+        new_owner = vip_nodes.holder_of(nodes.holders())
+        assert new_owner is not None and new_owner != owner
+        # Its gratuitous ARP moved the host's entry without the host asking.
+        _wait(lambda: vip_nodes.host_neighbour(nodes.address.ip) == nodes.mac(new_owner), "gratuitous ARP")
+        nodes.start(owner)  # back as a follower
+        time.sleep(1)
+        assert nodes.holders() == {new_owner}
+
+        # Ungraceful: SIGKILL the owner. Its address expires with its lifetime, the lease with
+        # its TTL, and the next node takes over.
+        owner = new_owner
+        killed = time.monotonic()
+        nodes.stop(owner, kill=True)
+        gone = sampler.wait_for(lambda held: owner not in held, after=killed, timeout=5)
+        moved = sampler.wait_for(lambda held: bool(held) and owner not in held, after=killed, timeout=10)
+        assert gone - killed <= timing.lifetime + 0.3, "the kernel keeps a dead owner's address"
+        assert moved - killed < timing.ttl + 1.5, nodes.logs()
+        nodes.start(owner)
+
+        # The owner's kube-apiserver stops answering: it lets go, another takes over.
+        owner = vip_nodes.holder_of(nodes.holders()) or ""
+        assert owner, nodes.logs()
+        sick = time.monotonic()
+        nodes.set_healthy(owner, False)
+        moved = sampler.wait_for(lambda held: bool(held) and owner not in held, after=sick, timeout=5)
+        assert moved - sick < (timing.unhealthy_after + 2) * timing.tick + 0.5, nodes.logs()
+        nodes.set_healthy(owner, True)
+
+        # etcd freezes: the owner can no longer renew its lease and gives the VIP up before the
+        # lease could expire; nobody takes it while etcd is gone; one node does once it is back.
+        owner = vip_nodes.holder_of(nodes.holders()) or ""
+        assert owner, nodes.logs()
+        frozen = time.monotonic()
+        os.kill(etcd_server.started.process.pid, signal.SIGSTOP)
+        try:
+            released = sampler.wait_for(lambda held: not held, after=frozen, timeout=5)
+            assert released - frozen < timing.ttl - timing.margin + 0.3
+            time.sleep(timing.ttl + 1)
+            assert nodes.holders() == set()
+        finally:
+            os.kill(etcd_server.started.process.pid, signal.SIGCONT)
+        sampler.wait_for(lambda held: len(held) == 1, after=time.monotonic(), timeout=15)
+    finally:
+        sampler.stop()
+    assert sampler.most_at_once() == 1, f"two nodes held the VIP at once\n{nodes.logs()}"
+
+
+def _wait(predicate: object, what: str, timeout: float = 3.0) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
