@@ -14,12 +14,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import pytest
 import vip_nodes
-from conftest import EtcdServer, write_pem
 from machines import Lan
 
 from kubeplane.services import vip
+
+if TYPE_CHECKING:
+    from conftest import EtcdServer
 
 pytestmark = pytest.mark.integration
 
@@ -32,8 +36,13 @@ def nodes(tmp_path: Path, etcd_server: EtcdServer) -> Iterator[vip_nodes.VipNode
     started: vip_nodes.VipNodes | None = None
     try:
         hosts = [lan.add(name) for name in NODES]
-        ca, _ = write_pem(tmp_path / "vip-pki", "ca", etcd_server.ca.cert_only())
-        cert, key = write_pem(tmp_path / "vip-pki", "client", etcd_server.client)
+        pki = tmp_path / "vip-pki"
+        pki.mkdir()
+        ca, cert, key = pki / "ca.crt", pki / "client.crt", pki / "client.key"
+        ca.write_bytes(etcd_server.ca.cert)
+        cert.write_bytes(etcd_server.client.cert)
+        key.touch(mode=0o600)
+        key.write_bytes(etcd_server.client.key or b"")
         access = vip_nodes.EtcdAccess(endpoint=etcd_server.endpoint, ca=ca, cert=cert, key=key)
         ip = lan.cidr.rsplit(".", 1)[0] + ".250"
         started = vip_nodes.VipNodes(
@@ -69,9 +78,7 @@ def test_one_holder_that_fails_over_on_every_loss(nodes: vip_nodes.VipNodes, etc
         # Graceful: SIGTERM the owner; another node has the VIP well within a second.
         stopped = time.monotonic()
         nodes.stop(owner)
-        moved = sampler.wait_for(
-            lambda held: bool(held) and owner not in held, after=stopped, timeout=5
-        )
+        moved = sampler.wait_for(lambda held: bool(held) and owner not in held, after=stopped, timeout=5)
         assert moved - stopped < 1.0, nodes.logs()
         new_owner = vip_nodes.holder_of(nodes.holders())
         assert new_owner is not None and new_owner != owner

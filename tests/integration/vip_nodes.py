@@ -99,7 +99,14 @@ class VipNodes:
     def start(self, name: str) -> None:
         host = self.hosts[name]
         argv = [sys.executable, "-c", NODE_SCRIPT, self.etcd.endpoint, str(self.etcd.ca)]
-        argv += [str(self.etcd.cert), str(self.etcd.key), name, host.netns, self.address.ip, str(self.directory)]
+        argv += [
+            str(self.etcd.cert),
+            str(self.etcd.key),
+            name,
+            host.netns,
+            self.address.ip,
+            str(self.directory),
+        ]
         with (self.directory / f"{name}.log").open("ab") as log:
             self.processes[name] = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True

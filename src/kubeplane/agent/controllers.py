@@ -18,7 +18,7 @@ from kubeplane.controllers.k8s import (
     manifest_apply,
     static_pod,
 )
-from kubeplane.controllers.network import machine_network, pod_network
+from kubeplane.controllers.network import machine_network, pod_network, vip
 from kubeplane.controllers.secrets import etcd as etcd_secrets
 from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
 from kubeplane.controllers.secrets import render as render_secrets
@@ -46,4 +46,5 @@ def for_node(*, paths: NodePaths, wireguard: wireguard_io.Daemons) -> list[Contr
         manifest_apply.ManifestApplyController(),
         pod_network.PodNetworkController(paths=paths),
         machine_network.MachineNetworkController(paths=paths, wireguard=wireguard),
+        vip.VipController(),
     ]

@@ -57,10 +57,11 @@ from kubeplane.agent.store import ConfigStore
 from kubeplane.api import trustd
 from kubeplane.clients import errors as client_errors
 from kubeplane.config.paths import NodePaths
+from kubeplane.controllers.network import vip as vip_controller
 from kubeplane.resources import catalog
-from kubeplane.runtime import Runtime
+from kubeplane.runtime import Controller, Runtime
 from kubeplane.services import logs as service_logs
-from kubeplane.services import supervisor, wireguard_io
+from kubeplane.services import supervisor, vip, wireguard_io
 
 log = logging.getLogger("kubeplaned")
 
@@ -143,6 +144,9 @@ class Node:
         self.state: resources.State | None = None
         self._runtime: Runtime | None = None
         self._wireguard: wireguard_io.Daemons | None = None
+        self._controllers: list[Controller] = []
+        #: The shared VIPs of the config: never one of the node's own addresses.
+        self._vips: frozenset[str] = frozenset()
         self.services: NodeServices | None = None
         self._trustd: trustd.TrustdServer | None = None
         self._server: api.NodeAPIServer | None = None
@@ -198,6 +202,7 @@ class Node:
         self.phase = "booting"
         model = document.model
         hostname = model.machine.network.hostname if model.machine.network else None
+        self._vips = frozenset(address.ip for address in vip.desired(model.machine.network))
         self.name = self._name_override or hostname or self._listen_host or socket.gethostname()
         self.events.emit("sequence", "boot", f"booting as {model.machine.type}")
         state = resources.State(self.registry)
@@ -210,7 +215,8 @@ class Node:
         )
         runtime = Runtime(state, on_error=self._report_controller_error)
         self._wireguard = wireguard_io.Daemons(log_dir=self.paths.logs)
-        for controller in controllers.for_node(paths=self.paths, wireguard=self._wireguard):
+        self._controllers = controllers.for_node(paths=self.paths, wireguard=self._wireguard)
+        for controller in self._controllers:
             runtime.register(controller)
         await runtime.start()
         self.state, self._runtime = state, runtime
@@ -317,11 +323,16 @@ class Node:
         self.boot_wait = None
         if self._runtime is not None:
             self.events.emit("sequence", "halt", "stopping services and controllers")
+        # The shared VIP goes first, while etcd and the kube-apiserver still run.
+        for controller in self._controllers:
+            if isinstance(controller, vip_controller.VipController):
+                await controller.release()
         if self.services is not None:
             await self.services.stop()
             self.services = None
         if self._runtime is not None:
             await self._runtime.stop()
+        self._controllers = []
         # After the controllers: none of them can start a device again.
         if self._wireguard is not None:
             await self._wireguard.stop_all()
@@ -351,9 +362,12 @@ class Node:
         return f"{self.listen.rpartition(':')[0]}:{machine.ports.node_api}"
 
     def _addresses(self) -> list[str]:
-        """The node's addresses, the one it listens on first (what peers know it by)."""
+        """The node's addresses, the one it listens on first (what peers know it by); never a
+        shared VIP, which this node may hold now and another one a moment later (so it is no
+        kubelet node IP, no etcd peer address and in no certificate of the node)."""
         first = [self._listen_host] if self._listen_host and pki.is_ip(self._listen_host) else []
-        return list(dict.fromkeys(first + local_addresses()))
+        own = (address for address in local_addresses() if address not in self._vips)
+        return list(dict.fromkeys([*first, *own]))
 
     def _local_names(self) -> list[str]:
         return sorted({self.name, "127.0.0.1", "localhost", *self._addresses()})

@@ -29,6 +29,7 @@ MachineNetworkStatuses          network       ``hostname``, ``nameservers``, ``e
 (current)                                     ``errors``, ``unsupported``
 WireguardDevices (wg0)          network       ``publicKey``, ``listenPort``, ``peers`` (public keys,
                                               endpoints, allowed IPs, latest handshakes)
+VipStatuses (10.5.0.100)        network       ``ip``, ``link``, ``owner``, ``held``, ``reason`` (shared VIP)
 ==============================  ============  ================================================
 
 Sensitivity. A type is ``sensitive`` (only the admin role may get, list or watch it) when any of
@@ -47,7 +48,8 @@ readable when none of its resources can carry a secret:
   Services, NodeAddresses, PodNetworkStatuses (CIDRs, node names and addresses), the machine
   network's MachineAddresses, MachineRoutes, MachineLinks and MachineNetworkStatuses (addresses,
   routes, link settings, the hostname, resolvers and extra host entries, config field paths),
-  WireguardDevices (public keys only, never the private key; peer endpoints), and the
+  WireguardDevices (public keys only, never the private key; peer endpoints), VipStatuses (an
+  address, a link and node names), and the
   ``meta`` types (definitions and namespaces).
 
 Readers have no need for the sensitive types: ManifestStatuses tell which manifests were applied,
@@ -100,6 +102,7 @@ MACHINE_ROUTES = "MachineRoutes.network.kubeplane.dev"
 MACHINE_LINKS = "MachineLinks.network.kubeplane.dev"
 MACHINE_NETWORK_STATUSES = "MachineNetworkStatuses.network.kubeplane.dev"
 WIREGUARD_DEVICES = "WireguardDevices.network.kubeplane.dev"
+VIP_STATUSES = "VipStatuses.network.kubeplane.dev"
 
 #: Well-known ids.
 MACHINE_CONFIG_ID = "v1alpha1"
@@ -260,6 +263,19 @@ class WireguardDeviceSpec(Spec):
     public_key: str = ""
     listen_port: int = 0
     peers: Sequence[Mapping[str, Any]] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class VipStatusSpec(Spec):
+    """A shared VIP of ``machine.network`` as this node sees its election: the ``ip`` on
+    ``link``, its ``owner`` (node name; empty while none is known), whether this node ``held``
+    it, and the ``reason`` of the last change (elected, who holds it, why it was given up)."""
+
+    ip: str = ""
+    link: str = ""
+    owner: str = ""
+    held: bool = False
+    reason: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -479,6 +495,18 @@ DEFINITIONS = (
             PrintColumn("PUBLIC KEY", json_path="publicKey"),
             PrintColumn("PORT", json_path="listenPort"),
             PrintColumn("PEERS", func=_peer_count),
+        ),
+    ),
+    ResourceDefinition(
+        type=VIP_STATUSES,
+        display_type="VipStatus",
+        default_namespace=NETWORK_NAMESPACE,
+        spec_type=VipStatusSpec,
+        aliases=("vip", "vips"),
+        print_columns=(
+            PrintColumn("LINK", json_path="link"),
+            PrintColumn("OWNER", json_path="owner"),
+            PrintColumn("HELD", json_path="held"),
         ),
     ),
     ResourceDefinition(

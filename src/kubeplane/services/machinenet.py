@@ -29,9 +29,14 @@ An interface with ``wireguard`` is a WireGuard device (:attr:`Desired.wireguard`
 will be with the device (:func:`with_devices`), and only then has it created (a userspace
 ``wireguard-go``) and configured, and plans it like any other link.
 
+An interface's ``vip`` is the shared VIP, which only the node elected for it holds
+(:mod:`kubeplane.services.vip`, the VIP controller): it carries :data:`PROTO` like every address
+kubeplane adds, and :attr:`Desired.vips` keeps :func:`plan` from removing it as unconfigured.
+Once the VIP leaves the config it is an owned address like any other, and goes.
+
 Not implemented (reported in :attr:`Desired.unsupported`, never silently dropped): ``dhcp`` (no
-DHCP client runs; the interface gets its static settings only), ``bond``, ``vlans``, ``dummy``
-and ``vip`` (issue 17's later items). ``ignore: true`` leaves an
+DHCP client runs; the interface gets its static settings only), ``bond``, ``vlans`` and
+``dummy`` (issue 17's later items). ``ignore: true`` leaves an
 interface alone: nothing is configured on it, and what kubeplane had added there is removed.
 Removing ``mtu`` or an interface from the config leaves the link's MTU and up state as they are.
 """
@@ -43,7 +48,7 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 
 from kubeplane.config import models
-from kubeplane.services import wireguard
+from kubeplane.services import vip, wireguard
 
 #: The address protocol (``IFA_PROTO``) and route protocol that mark what kubeplane configured
 #: from ``machine.network`` (the pod network's routes use 75). Unassigned in iproute2's tables.
@@ -57,7 +62,6 @@ _NOT_IMPLEMENTED = {
     "bond": "bonds are not implemented yet: the bond link is not created",
     "vlans": "VLANs are not implemented yet: no VLAN link is created",
     "dummy": "dummy links are not implemented yet: the link is not created",
-    "vip": "the shared VIP is not implemented yet: the address is not held",
     "dhcp": "DHCP is not implemented: no DHCP client runs, only the static settings apply",
 }
 
@@ -114,6 +118,8 @@ class Desired:
     errors: tuple[str, ...] = ()
     #: The WireGuard devices to create and configure, one per interface name.
     wireguard: tuple[wireguard.Device, ...] = ()
+    #: (link, cidr) of the shared VIPs: the VIP controller adds and removes them, never the plan.
+    vips: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +256,7 @@ def desired(network: models.MachineNetwork | None) -> Desired:
         unsupported=tuple(unsupported),
         errors=tuple(errors),
         wireguard=tuple(devices.values()),
+        vips=frozenset((address.link, address.cidr) for address in vip.desired(network)),
     )
 
 
@@ -272,7 +279,7 @@ def plan(wanted: Desired, observed: Observed) -> Plan:
     if errors:
         return Plan(errors=tuple(errors))
 
-    wanted_addresses = {address.key for address in wanted.addresses}
+    wanted_addresses = {address.key for address in wanted.addresses} | wanted.vips
     present = {address.key for address in observed.addresses}
     wanted_routes = {route.key: route for route in wanted.routes}
     installed = {route.key: route for route in observed.routes}

@@ -133,7 +133,9 @@ def desired(network: models.MachineNetwork | None) -> tuple[Vip, ...]:
         if interface.vip is None or interface.ignore:
             continue
         ip = str(ipaddress.ip_address(interface.vip.ip))
-        vips.setdefault(ip, Vip(link=interface.interface, ip=ip, field=f"machine.network.interfaces[{index}].vip"))
+        vips.setdefault(
+            ip, Vip(link=interface.interface, ip=ip, field=f"machine.network.interfaces[{index}].vip")
+        )
     return tuple(vips.values())
 
 

@@ -109,7 +109,9 @@ class Election:
     async def _round(self) -> None:
         tick = self.timing.tick
         if not await self._check():
-            self._set(dataclasses.replace(self.status, reason="waiting for the local kube-apiserver to answer"))
+            self._set(
+                dataclasses.replace(self.status, reason="waiting for the local kube-apiserver to answer")
+            )
             await asyncio.sleep(tick)
             return
         asked = self.clock()
@@ -156,7 +158,9 @@ class Election:
                 log.info("took %s on %s", self.address.cidr, self.address.link)
                 self._set(Status(owner=self.node, held=True, reason="elected"))
             next_tick = self.clock() + self.timing.tick
-            await asyncio.sleep(max(0.0, min(next_tick, tenure.safe_until - self.timing.lifetime) - self.clock()))
+            await asyncio.sleep(
+                max(0.0, min(next_tick, tenure.safe_until - self.timing.lifetime) - self.clock())
+            )
             sent = self.clock()
             renewed, healthy = await asyncio.gather(self._keepalive(lease_id), self._check())
             if renewed == 0:

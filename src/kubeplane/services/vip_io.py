@@ -71,7 +71,9 @@ class NetlinkVip:
                     preferred_lft=lifetime,
                 )
             except NetlinkError as exc:
-                raise vip.VipError(f"{address.field}: cannot add {address.cidr} to {address.link}: {exc}") from exc
+                raise vip.VipError(
+                    f"{address.field}: cannot add {address.cidr} to {address.link}: {exc}"
+                ) from exc
 
     def release(self, address: vip.Vip) -> bool:
         """Remove the address if this node has it; True when it did."""

@@ -42,6 +42,8 @@ TABLE = [
     ("svc", "Service", "runtime"),
     ("rd", "ResourceDefinition", "meta"),
     ("ns", "Namespace", "meta"),
+    ("vip", "VipStatus", "network"),
+    ("vipstatus", "VipStatus", "network"),
 ]
 
 
@@ -85,6 +87,7 @@ SENSITIVITY = {
     catalog.MACHINE_LINKS: False,  # MTU and link state
     catalog.MACHINE_NETWORK_STATUSES: False,  # hostname, resolvers, host entries, errors
     catalog.WIREGUARD_DEVICES: False,  # public keys and endpoints, never the private key
+    catalog.VIP_STATUSES: False,  # an address, a link, node names
     RESOURCE_DEFINITIONS: False,
     NAMESPACES: False,
 }
