@@ -13,7 +13,6 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import pytest

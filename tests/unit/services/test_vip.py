@@ -1,0 +1,170 @@
+"""The shared VIP's pure decisions: which VIPs a config asks for, the key, when a holder must let
+go (lease gone, keep-alives late, kube-apiserver failing) and the gratuitous ARP frame; the etcd
+client's create-if-absent transaction; machine.network's plan leaving a held VIP alone."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+from typing import Any
+
+import httpx
+import pytest
+
+from kubeplane.clients import etcd as etcd_client
+from kubeplane.config import models
+from kubeplane.services import machinenet, vip
+
+pytestmark = pytest.mark.unit
+
+TIMING = vip.Timing(ttl=2, tick=0.5, lifetime=1, margin=0.5, unhealthy_after=2)
+
+
+def network(interfaces: list[dict[str, Any]]) -> models.MachineNetwork:
+    return models.MachineNetwork.model_validate({"interfaces": interfaces})
+
+
+def test_desired_takes_one_vip_per_address_and_skips_ignored_interfaces() -> None:
+    wanted = vip.desired(
+        network(
+            [
+                {"interface": "eth0", "vip": {"ip": "10.5.0.100"}},
+                {"interface": "eth1", "vip": {"ip": "10.5.0.100"}},
+                {"interface": "eth2", "ignore": True, "vip": {"ip": "10.6.0.100"}},
+            ]
+        )
+    )
+    assert wanted == (vip.Vip(link="eth0", ip="10.5.0.100", field="machine.network.interfaces[0].vip"),)
+    assert wanted[0].cidr == "10.5.0.100/32"
+    assert vip.desired(None) == ()
+
+
+def test_key_is_under_the_agents_prefix() -> None:
+    assert vip.key("10.5.0.100") == b"kubeplane:v1:vip:10.5.0.100"
+
+
+def test_tenure_holds_while_keepalives_arrive_in_time() -> None:
+    tenure = vip.Tenure(TIMING, granted_at=100.0, ttl=2)
+    assert tenure.safe_until == 101.5
+    assert tenure.verdict(100.0) is None
+    assert tenure.verdict(100.5) is None  # the address renewed now ends at 101.5, with the lease safe
+    for sent in (100.5, 101.0, 101.5):
+        tenure.keepalive(sent=sent, ttl=2)
+        tenure.health(True)
+        assert tenure.verdict(sent + 0.1) is None
+
+
+def test_tenure_lets_go_before_the_lease_could_expire_when_keepalives_stop() -> None:
+    tenure = vip.Tenure(TIMING, granted_at=100.0, ttl=2)
+    tenure.keepalive(sent=100.5, ttl=2)  # safe until 102.0
+    assert tenure.verdict(101.0) is None
+    reason = tenure.verdict(101.01)
+    assert reason is not None and "keep-alive" in reason
+    # Whenever it lets go, the address it renewed last (lifetime 1 s) is gone before etcd may
+    # expire the lease (100.5 + 2 s, minus nothing).
+    assert 101.0 + TIMING.lifetime <= 100.5 + 2 - TIMING.margin
+
+
+def test_an_old_keepalive_answer_never_moves_the_deadline_back() -> None:
+    tenure = vip.Tenure(TIMING, granted_at=100.0, ttl=2)
+    tenure.keepalive(sent=101.0, ttl=2)
+    tenure.keepalive(sent=100.6, ttl=2)
+    assert tenure.safe_until == 102.5
+
+
+def test_tenure_lets_go_at_once_when_the_lease_is_gone() -> None:
+    tenure = vip.Tenure(TIMING, granted_at=100.0, ttl=2)
+    tenure.lost()
+    assert tenure.verdict(100.1) == "etcd says the lease is gone"
+
+
+def test_tenure_lets_go_after_failed_health_checks_in_a_row_only() -> None:
+    tenure = vip.Tenure(TIMING, granted_at=100.0, ttl=2)
+    tenure.health(False)
+    assert tenure.verdict(100.1) is None  # one slow answer is forgiven
+    tenure.health(True)
+    tenure.health(False)
+    assert tenure.verdict(100.1) is None
+    tenure.health(False)
+    reason = tenure.verdict(100.1)
+    assert reason is not None and "kube-apiserver" in reason
+
+
+def test_default_timing_renews_the_address_before_it_runs_out() -> None:
+    timing = vip.Timing()
+    assert timing.tick + timing.check_timeout < timing.lifetime
+    assert timing.lifetime + timing.margin <= timing.ttl
+
+
+def test_garp_frame_is_a_broadcast_arp_request_for_the_senders_own_address() -> None:
+    mac = bytes.fromhex("020000000001")
+    frame = vip.garp_frame(mac, "10.5.0.100")
+    ip = socket.inet_aton("10.5.0.100")
+    assert frame[:6] == b"\xff" * 6 and frame[6:12] == mac and frame[12:14] == b"\x08\x06"
+    assert frame[14:22] == bytes.fromhex("0001080006040001")  # Ethernet, IPv4, 6, 4, request
+    assert frame[22:28] == mac and frame[28:32] == ip  # sender
+    assert frame[32:38] == b"\x00" * 6 and frame[38:42] == ip  # target: the same address
+    assert len(frame) == 42
+    with pytest.raises(ValueError, match="6 bytes"):
+        vip.garp_frame(b"\x01", "10.5.0.100")
+
+
+def test_machinenet_plan_keeps_a_held_vip_and_removes_it_once_unconfigured() -> None:
+    with_vip = network([{"interface": "eth0", "vip": {"ip": "10.5.0.100"}}])
+    assert machinenet.desired(with_vip).unsupported == ()
+    observed = machinenet.Observed(
+        links={"eth0": machinenet.ObservedLink("eth0", index=2, mtu=1500, up=True, oper_state="UP")},
+        addresses=(machinenet.ObservedAddress(link="eth0", cidr="10.5.0.100/32", owned=True),),
+    )
+    assert machinenet.plan(machinenet.desired(with_vip), observed).remove_addresses == ()
+    without = network([{"interface": "eth0"}])
+    assert machinenet.plan(machinenet.desired(without), observed).remove_addresses == observed.addresses
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def create(answer: dict[str, Any]) -> tuple[etcd_client.CreateResult, dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v3/kv/txn"
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json=answer)
+
+    async def scenario() -> etcd_client.CreateResult:
+        async with etcd_client.EtcdClient(
+            ["http://etcd:2379"], transport=httpx.MockTransport(respond)
+        ) as etcd:
+            return await etcd.create(b"/k", b"me", lease=7)
+
+    return asyncio.run(scenario()), sent[0]
+
+
+def test_create_puts_only_if_the_key_was_never_created() -> None:
+    result, body = create(
+        {"header": {"revision": "9"}, "succeeded": True, "responses": [{"response_put": {}}]}
+    )
+    assert result == etcd_client.CreateResult(created=True, revision=9)
+    assert body["compare"] == [
+        {"key": b64(b"/k"), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+    ]
+    assert body["success"] == [{"request_put": {"key": b64(b"/k"), "value": b64(b"me"), "lease": "7"}}]
+    assert body["failure"] == [{"request_range": {"key": b64(b"/k")}}]
+
+
+def test_create_that_lost_returns_the_current_holder() -> None:
+    kv = {
+        "key": b64(b"/k"),
+        "value": b64(b"other"),
+        "create_revision": "3",
+        "mod_revision": "3",
+        "lease": "5",
+    }
+    answer = {"header": {"revision": "9"}, "responses": [{"response_range": {"kvs": [kv], "count": "1"}}]}
+    result, _ = create(answer)
+    assert not result.created and result.revision == 9
+    assert result.current is not None and result.current.value == b"other" and result.current.lease == 5
