@@ -12,7 +12,8 @@ with a generated control plane config, API-only (``kubeplaned --no-services``). 
     agent has no API to create arbitrary resources), labelled as such;
 (c) watch fan-out: 10 watchers (each on its own connection) of the MachineConfig; latency from
     sending the change to each watcher receiving it, p50/p99, and the first-to-last spread;
-(d) idle RSS of kubeplaned (VmRSS from /proc) after boot and a few idle seconds.
+(d) idle RSS of kubeplaned (VmRSS from /proc, with its anonymous and file-backed parts) a few
+    idle seconds after it starts (maintenance mode: no config yet) and after it booted.
 
 Run: .venv/bin/python bench/bench_agent.py
 """
@@ -171,11 +172,15 @@ async def measure(address: str, credentials: Credentials, base: str, config_path
             await c.close()
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+def memory(pid: int) -> str:
+    """VmRSS of ``pid`` with its split: anonymous (the interpreter's objects, mostly the code of
+    imported modules) and file-backed (the shared libraries' pages, grpc's and OpenSSL's above all)."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+
+    def mb(field: str) -> float:
+        return int(status[field].split()[0]) / 1024
+
+    return f"{mb('VmRSS'):.1f} MB (anonymous {mb('RssAnon'):.1f}, file-backed {mb('RssFile'):.1f})"
 
 
 def main() -> None:
@@ -200,7 +205,7 @@ def main() -> None:
         try:
             wait_port(address)
             time.sleep(3)
-            print(f"(d) idle kubeplaned RSS, maintenance mode: {rss_mb(agent.pid):.1f} MB")
+            print(f"(d) idle kubeplaned RSS, maintenance mode: {memory(agent.pid)}")
             base = (work / "gen" / "controlplane.yaml").read_text()
             kubeplane(
                 "-n", address, "apply-config", "--insecure", "-f", str(work / "gen" / "controlplane.yaml")
@@ -217,9 +222,9 @@ def main() -> None:
                     raise RuntimeError("the agent did not boot")
                 time.sleep(0.2)
             time.sleep(3)
-            print(f"(d) idle kubeplaned RSS, booted (API only): {rss_mb(agent.pid):.1f} MB")
+            print(f"(d) idle kubeplaned RSS, booted (API only): {memory(agent.pid)}")
             asyncio.run(measure(address, credentials, base, config_path))
-            print(f"(d) kubeplaned RSS after the benchmark: {rss_mb(agent.pid):.1f} MB")
+            print(f"(d) kubeplaned RSS after the benchmark: {memory(agent.pid)}")
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(agent.pid, signal.SIGTERM)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
+from collections.abc import Sequence
 from pathlib import Path
-
-import click
 
 import kubeplane
 from kubeplane import config, metrics
@@ -54,90 +54,100 @@ async def _serve(node: Node) -> None:
     await node.run()
 
 
-@click.group(
-    invoke_without_command=True,
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
-)
-@click.option(
-    "--root",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("/"),
-    show_default=True,
-    help="Node root directory: machine config, secrets, logs and service state live under it.",
-)
-@click.option(
-    "--listen",
-    default=f"0.0.0.0:{config.defaults.DEFAULT_NODE_API_PORT}",
-    show_default=True,
-    metavar="ADDR:PORT",
-    help="Node API address. Once booted with a config that sets machine.ports.nodeAPI, the node API "
-    "listens on that port instead (maintenance mode always uses this one); trustd listens on ADDR too.",
-)
-@click.option(
-    "--node-name", metavar="NAME", help="Name of this node (default: config hostname or listen address)."
-)
-@click.option(
-    "--services/--no-services",
-    default=True,
-    show_default=True,
-    help="Run containerd, kubelet and etcd. --no-services runs an API-and-controllers-only node "
-    "(several such agents can share one network namespace, e.g. on 127.0.0.X addresses).",
-)
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(0, 65535),
-    default=METRICS_PORT,
-    show_default=True,
-    help="Serve Prometheus metrics on http://<--listen host>:PORT/metrics (docs/metrics.md); 0: off. "
-    "They are served without authentication and carry no secrets.",
-)
-@click.option(
-    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"])
-)
-@click.pass_context
-def cli(
-    ctx: click.Context,
-    *,
-    root: Path,
-    listen: str,
-    node_name: str | None,
-    services: bool,
-    metrics_port: int,
-    log_level: str,
-) -> None:
-    """kubeplaned: the kubeplane node agent.
+def _port(text: str) -> int:
+    """A TCP port number, 0 included (argparse type of ``--metrics-port``)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid integer") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not in the range 0<=x<=65535")
+    return port
 
-    Turns the node's machine configuration into running services (containerd, kubelet, etcd)
-    and control plane static pods, and serves the node API the kubeplane CLI talks to.
 
-    Without a machine config under --root the node starts in maintenance mode and accepts only
-    `kubeplane apply-config --insecure`.
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``kubeplaned``.
+
+    argparse rather than click (which the ``kubeplane`` CLI uses): click costs the agent about
+    1 MB of resident memory for a handful of options (docs/architecture.md, Memory).
     """
-    if ctx.invoked_subcommand is not None:
+    parser = argparse.ArgumentParser(
+        prog="kubeplaned",
+        description="kubeplaned: the kubeplane node agent. Turns the node's machine configuration "
+        "into running services (containerd, kubelet, etcd) and control plane static pods, and "
+        "serves the node API the kubeplane CLI talks to. Without a machine config under --root the "
+        "node starts in maintenance mode and accepts only `kubeplane apply-config --insecure`.",
+    )
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=Path("/"),
+        help="Node root directory: machine config, secrets, logs and service state live under it. "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--listen",
+        default=f"0.0.0.0:{config.defaults.DEFAULT_NODE_API_PORT}",
+        metavar="ADDR:PORT",
+        help="Node API address. Once booted with a config that sets machine.ports.nodeAPI, the node API "
+        "listens on that port instead (maintenance mode always uses this one); trustd listens on ADDR too. "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--node-name", metavar="NAME", help="Name of this node (default: config hostname or listen address)."
+    )
+    parser.add_argument(
+        "--services",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Run containerd, kubelet and etcd. --no-services runs an API-and-controllers-only node "
+        "(several such agents can share one network namespace, e.g. on 127.0.0.X addresses). "
+        "(default: --services)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=METRICS_PORT,
+        metavar="PORT",
+        help="Serve Prometheus metrics on http://<--listen host>:PORT/metrics (docs/metrics.md); 0: off. "
+        "They are served without authentication and carry no secrets. (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning"], help="(default: %(default)s)"
+    )
+    commands = parser.add_subparsers(dest="command", title="commands")
+    commands.add_parser("version", help="Print the agent version.", description="Print the agent version.")
+    return parser
+
+
+def run(argv: Sequence[str] | None = None) -> None:
+    """Parse ``argv`` (default: the process's arguments) and run the agent or the command."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "version":
+        print(f"kubeplaned {kubeplane.__version__}")
         return
+    root: Path = args.root
+    if root.exists() and not root.is_dir():
+        parser.error(f"argument --root: directory {str(root)!r} is a file.")
     paths = NodePaths(root.resolve())
     paths.logs.mkdir(parents=True, exist_ok=True)
-    _setup_logging(paths, log_level)
+    _setup_logging(paths, args.log_level)
     exporter = None
-    if metrics_port:
-        host = listen.rpartition(":")[0].strip("[]")
+    if args.metrics_port:
+        host = args.listen.rpartition(":")[0].strip("[]")
         try:
-            exporter = metrics.serve(host, metrics_port)
+            exporter = metrics.serve(host, args.metrics_port)
         except OSError as exc:
-            raise click.ClickException(f"--metrics-port {metrics_port} on {host}: {exc.strerror}") from exc
+            parser.exit(1, f"Error: --metrics-port {args.metrics_port} on {host}: {exc.strerror}\n")
     try:
-        asyncio.run(_serve(Node(root=paths.root, listen=listen, name=node_name, services=services)))
+        node = Node(root=paths.root, listen=args.listen, name=args.node_name, services=args.services)
+        asyncio.run(_serve(node))
     finally:
         if exporter is not None:
             exporter.stop()
 
 
-@cli.command()
-def version() -> None:
-    """Print the agent version."""
-    click.echo(f"kubeplaned {kubeplane.__version__}")
-
-
 def main() -> None:
     """Console-script entry point."""
-    cli(prog_name="kubeplaned")
+    run()

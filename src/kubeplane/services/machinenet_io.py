@@ -18,12 +18,12 @@ from __future__ import annotations
 import ipaddress
 import socket
 from pathlib import Path
-from typing import Any
-
-from pyroute2 import IPRoute  # type: ignore[import-untyped]
-from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]
+from typing import TYPE_CHECKING, Any
 
 from kubeplane.services import machinenet
+
+if TYPE_CHECKING:
+    from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]
 
 #: The main routing table.
 MAIN_TABLE = 254
@@ -38,6 +38,10 @@ class MachineNetworkError(Exception):
 
 def observe() -> machinenet.Observed:
     """The namespace's links, addresses (IPv4 and IPv6) and main-table routes."""
+    # Imported on first use: pyroute2 loads its whole library (~10 MB resident), which an agent
+    # in maintenance mode never needs.
+    from pyroute2 import IPRoute  # type: ignore[import-untyped]  # noqa: PLC0415
+
     with IPRoute() as ip:
         links = {}
         for message in ip.get_links():
@@ -85,6 +89,10 @@ def observe() -> machinenet.Observed:
 
 def apply(plan: machinenet.Plan, observed: machinenet.Observed) -> None:
     """Carry out ``plan`` (computed against ``observed``); a netlink error stops it and says where."""
+    # Imported on first use, as in observe().
+    from pyroute2 import IPRoute  # noqa: PLC0415
+    from pyroute2.netlink.exceptions import NetlinkError  # noqa: PLC0415
+
     index = {name: link.index for name, link in observed.links.items()}
     with IPRoute() as ip:
         for old in plan.remove_routes:

@@ -17,9 +17,6 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from pyroute2 import IPRoute  # type: ignore[import-untyped]
-from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]
-
 from kubeplane.services import cni
 
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
@@ -34,6 +31,10 @@ class PodNetworkError(Exception):
 
 def on_link_networks() -> list[ipaddress.IPv4Network]:
     """The IPv4 networks of this namespace's addresses (loopback excluded)."""
+    # Imported on first use: pyroute2 loads its whole library (~10 MB resident), which an agent
+    # in maintenance mode never needs.
+    from pyroute2 import IPRoute  # type: ignore[import-untyped]  # noqa: PLC0415
+
     with IPRoute() as ip:
         found = []
         for message in ip.get_addr(family=socket.AF_INET):
@@ -48,6 +49,8 @@ def on_link_networks() -> list[ipaddress.IPv4Network]:
 
 def installed_routes() -> dict[str, str]:
     """kubeplane's routes in the main table: destination CIDR → gateway."""
+    from pyroute2 import IPRoute  # noqa: PLC0415  # on first use, as in on_link_networks()
+
     with IPRoute() as ip:
         return {
             f"{message.get('RTA_DST')}/{message['dst_len']}": str(message.get("RTA_GATEWAY"))
@@ -61,6 +64,10 @@ def sync_routes(routes: Sequence[cni.Route]) -> tuple[list[str], list[str]]:
     wanted = {route.cidr: route.via for route in routes}
     changed = [cidr for cidr, via in wanted.items() if current.get(cidr) != via]
     removed = [cidr for cidr in current if cidr not in wanted]
+    # On first use, as in on_link_networks().
+    from pyroute2 import IPRoute  # noqa: PLC0415
+    from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]  # noqa: PLC0415
+
     with IPRoute() as ip:
         for cidr in changed:
             try:
