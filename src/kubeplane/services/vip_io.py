@@ -15,12 +15,30 @@ import ipaddress
 import os
 import socket
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import httpx
-from pyroute2 import IPRoute  # type: ignore[import-untyped]
-from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]
 
 from kubeplane.services import machinenet, vip
+
+if TYPE_CHECKING:
+    from pyroute2 import IPRoute  # type: ignore[import-untyped]
+
+
+def _iproute() -> Any:
+    """A netlink socket; pyroute2 is imported on first use, as in :mod:`.machinenet_io` (it loads
+    its whole library, ~10 MB resident, which an agent without a VIP never needs)."""
+    from pyroute2 import IPRoute  # noqa: PLC0415
+
+    return IPRoute()
+
+
+def _netlink_error() -> type[Exception]:
+    from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]  # noqa: PLC0415
+
+    error: type[Exception] = NetlinkError
+    return error
+
 
 _ESRCH = 3
 _ENODEV = 19
@@ -58,7 +76,8 @@ class NetlinkVip:
     def hold(self, address: vip.Vip, lifetime: int) -> None:
         """Add the address, or renew it: valid (and preferred) for ``lifetime`` more seconds."""
         interface = ipaddress.ip_interface(address.cidr)
-        with self.inside(), IPRoute() as ip:
+        netlink_error = _netlink_error()
+        with self.inside(), _iproute() as ip:
             index = self._index(ip, address)
             try:
                 ip.addr(
@@ -70,7 +89,7 @@ class NetlinkVip:
                     valid_lft=lifetime,
                     preferred_lft=lifetime,
                 )
-            except NetlinkError as exc:
+            except netlink_error as exc:
                 raise vip.VipError(
                     f"{address.field}: cannot add {address.cidr} to {address.link}: {exc}"
                 ) from exc
@@ -78,14 +97,15 @@ class NetlinkVip:
     def release(self, address: vip.Vip) -> bool:
         """Remove the address if this node has it; True when it did."""
         interface = ipaddress.ip_interface(address.cidr)
-        with self.inside(), IPRoute() as ip:
+        netlink_error = _netlink_error()
+        with self.inside(), _iproute() as ip:
             try:
                 index = self._index(ip, address)
                 ip.addr("del", index=index, address=str(interface.ip), prefixlen=interface.network.prefixlen)
             except vip.VipError:
                 return False  # the link is gone, and the address with it
-            except NetlinkError as exc:
-                if exc.code in (_ESRCH, _ENODEV, _EADDRNOTAVAIL):
+            except netlink_error as exc:
+                if getattr(exc, "code", None) in (_ESRCH, _ENODEV, _EADDRNOTAVAIL):
                     return False
                 raise vip.VipError(f"cannot remove {address.cidr} from {address.link}: {exc}") from exc
         return True
@@ -94,7 +114,7 @@ class NetlinkVip:
         """Whether the link has the address (what the tests sample)."""
         interface = ipaddress.ip_interface(address.cidr)
         family = socket.AF_INET if address.ipv4 else socket.AF_INET6
-        with self.inside(), IPRoute() as ip:
+        with self.inside(), _iproute() as ip:
             try:
                 index = self._index(ip, address)
             except vip.VipError:
