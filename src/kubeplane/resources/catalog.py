@@ -12,7 +12,9 @@ MachineTypes (machine-type)     config        ``machineType``: init | controlpla
 KubernetesControlPlaneConfigs   config        generic dict per component (images, args, ...)
 RootSecrets (etcd, k8s)         secrets       generic dict of PEMs and tokens
 EtcdSecrets, KubernetesSecrets  secrets       generic dict of PEMs and kubeconfigs
-SecretStatuses (static-pods)    controlplane  ``ready``, ``version`` (secrets-version annotation)
+CertificateRenewals (k8s-certs) secrets       ``notBefore``: re-issue what was issued before it
+SecretStatuses (static-pods)    controlplane  ``ready``, ``version`` (secrets-version annotation),
+                                              ``issued`` (of the KubernetesSecrets on disk)
 StaticPods (kube-apiserver)     controlplane  ``pod``: the Pod object written for the kubelet
 StaticPodStatuses               controlplane  ``podStatus``: the pod's ``status`` from the kubelet
 Manifests (10-kube-proxy)       controlplane  ``items``: Kubernetes objects to create
@@ -41,7 +43,8 @@ readable when none of its resources can carry a secret:
   any inline or downloaded manifest, which may hold Secrets) and KubernetesControlPlaneConfigs
   (``extra-manifests`` holds ``cluster.extraManifestHeaders``, e.g. an Authorization header, and
   the inline manifests' contents);
-- readable: MachineTypes, SecretStatuses (a readiness flag and a version, no secret),
+- readable: MachineTypes, SecretStatuses (a readiness flag, a version and a time, no secret),
+  CertificateRenewals (a time),
   StaticPods (pods reference their secrets by file path only), StaticPodStatuses,
   ManifestStatuses (manifest ids and apply errors, which name objects), BootstrapStatuses,
   Services, NodeAddresses, PodNetworkStatuses (CIDRs, node names and addresses), the machine
@@ -92,6 +95,7 @@ BOOTSTRAP_STATUSES = "BootstrapStatuses.runtime.kubeplane.dev"
 ROOT_SECRETS = "RootSecrets.secrets.kubeplane.dev"
 KUBERNETES_SECRETS = "KubernetesSecrets.secrets.kubeplane.dev"
 ETCD_SECRETS = "EtcdSecrets.secrets.kubeplane.dev"
+CERTIFICATE_RENEWALS = "CertificateRenewals.secrets.kubeplane.dev"
 SERVICES = "Services.runtime.kubeplane.dev"
 NODE_ADDRESSES = "NodeAddresses.network.kubeplane.dev"
 POD_NETWORK_STATUSES = "PodNetworkStatuses.network.kubeplane.dev"
@@ -143,10 +147,23 @@ class EtcdSecretSpec(DictSpec):
 
 @dataclasses.dataclass(frozen=True)
 class SecretStatusSpec(Spec):
-    """Whether the component secrets are on disk, and which version of them."""
+    """Whether the component secrets are on disk, which version of them, and when the Kubernetes
+    certificates among them were issued (``kubeplane certs renew`` waits for a renewal's)."""
 
     ready: bool = False
     version: str = ""
+    issued: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class CertificateRenewalSpec(Spec):
+    """A request to re-issue the certificates of a secrets resource issued before ``not_before``.
+
+    An ISO 8601 time, not a counter: asking again with the same time changes nothing, and the
+    request is answered once the certificates' ``issued`` time reaches it.
+    """
+
+    not_before: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,7 +369,15 @@ DEFINITIONS = (
         print_columns=(
             PrintColumn("READY", json_path="ready"),
             PrintColumn("SECRETS VERSION", json_path="version"),
+            PrintColumn("ISSUED", json_path="issued"),
         ),
+    ),
+    ResourceDefinition(
+        type=CERTIFICATE_RENEWALS,
+        display_type="CertificateRenewal",
+        default_namespace=SECRETS_NAMESPACE,
+        spec_type=CertificateRenewalSpec,
+        print_columns=(PrintColumn("NOT BEFORE", json_path="notBefore"),),
     ),
     ResourceDefinition(
         type=KUBERNETES_CONTROL_PLANE_CONFIGS,
