@@ -204,7 +204,11 @@ class FakeNode:
 
     async def kubernetes_certificates_renew(self, *, not_before: int | None) -> dict[str, Any]:
         self._record("kubernetes_certificates_renew")
-        return {"notBefore": "2026-01-01T00:00:00+00:00", "issued": "2025-01-01T00:00:00+00:00", "renewing": True}
+        return {
+            "notBefore": "2026-01-01T00:00:00+00:00",
+            "issued": "2025-01-01T00:00:00+00:00",
+            "renewing": True,
+        }
 
     async def image_pull(self, *, image: str) -> dict[str, Any]:
         self._record("image_pull")

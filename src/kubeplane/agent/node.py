@@ -1008,9 +1008,13 @@ class Node:
             lambda _: catalog.CertificateRenewalSpec(not_before=requested.isoformat()),
         )
         certificates = secret.spec.to_dict()
-        renewing = secrets_common.renewal_requested(certificates, {"notBefore": requested.isoformat()}) is not None
+        renewing = (
+            secrets_common.renewal_requested(certificates, {"notBefore": requested.isoformat()}) is not None
+        )
         if renewing:
-            message = f"renewal of the Kubernetes certificates issued before {requested.isoformat()} requested"
+            message = (
+                f"renewal of the Kubernetes certificates issued before {requested.isoformat()} requested"
+            )
             log.info("%s", message)
             self.events.emit("pki", "renew", message)
         return {

@@ -161,7 +161,11 @@ def mode(path: Path) -> int:
 def test_control_plane_node_gets_every_secret_resource(tmp_path: Path, bundle: gen.SecretsBundle) -> None:
     async def scenario(node: Node) -> None:
         node.apply(config_document(bundle))
-        assert await node.wait_ready() == {"ready": True, "version": "1", "issued": node.k8s_certs()["issued"]}
+        assert await node.wait_ready() == {
+            "ready": True,
+            "version": "1",
+            "issued": node.k8s_certs()["issued"],
+        }
 
         root_k8s = node.root_secrets("k8s")
         root_etcd = node.root_secrets("etcd")
@@ -498,7 +502,9 @@ def test_a_restarted_chain_does_not_renew_again_for_an_answered_request(
         )
 
         def node() -> Node:
-            started = Node(state, Runtime(state, backoff_initial=0.02, backoff_max=0.1), NodePaths(tmp_path), clock)
+            started = Node(
+                state, Runtime(state, backoff_initial=0.02, backoff_max=0.1), NodePaths(tmp_path), clock
+            )
             for controller in controllers(started.paths, clock):
                 started.runtime.register(controller)
             return started
