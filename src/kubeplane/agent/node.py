@@ -997,12 +997,12 @@ class Node:
         now = datetime.datetime.now(datetime.UTC)
         asked = now if not_before is None else datetime.datetime.fromtimestamp(not_before, datetime.UTC)
         requested = min(asked, now)
-        previous = state.find(catalog.SECRETS_NAMESPACE, catalog.CERTIFICATE_RENEWALS, "k8s-certs")
+        previous = state.find(catalog.CONTROLPLANE_NAMESPACE, catalog.CERTIFICATE_RENEWALS, "k8s-certs")
         if previous is not None:
             earlier = datetime.datetime.fromisoformat(str(previous.spec.to_dict()["notBefore"]))
             requested = max(requested, earlier)
         state.modify(
-            catalog.SECRETS_NAMESPACE,
+            catalog.CONTROLPLANE_NAMESPACE,
             catalog.CERTIFICATE_RENEWALS,
             "k8s-certs",
             lambda _: catalog.CertificateRenewalSpec(not_before=requested.isoformat()),

@@ -12,9 +12,9 @@ MachineTypes (machine-type)     config        ``machineType``: init | controlpla
 KubernetesControlPlaneConfigs   config        generic dict per component (images, args, ...)
 RootSecrets (etcd, k8s)         secrets       generic dict of PEMs and tokens
 EtcdSecrets, KubernetesSecrets  secrets       generic dict of PEMs and kubeconfigs
-CertificateRenewals (k8s-certs) secrets       ``notBefore``: re-issue what was issued before it
 SecretStatuses (static-pods)    controlplane  ``ready``, ``version`` (secrets-version annotation),
                                               ``issued`` (of the KubernetesSecrets on disk)
+CertificateRenewals (k8s-certs) controlplane  ``notBefore``: re-issue what was issued before it
 StaticPods (kube-apiserver)     controlplane  ``pod``: the Pod object written for the kubelet
 StaticPodStatuses               controlplane  ``podStatus``: the pod's ``status`` from the kubelet
 Manifests (10-kube-proxy)       controlplane  ``items``: Kubernetes objects to create
@@ -57,7 +57,8 @@ Readers have no need for the sensitive types: ManifestStatuses tell which manife
 StaticPods show what each component runs.
 
 SecretStatuses live in ``controlplane`` (not ``secrets``): they carry no secret, only the
-readiness the static pod controller waits on, so a reader-role client may see them.
+readiness the static pod controller waits on, so a reader-role client may see them; so do
+CertificateRenewals, an operator's request for new certificates (a time).
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ STATIC_POD_STATUSES = "StaticPodStatuses.kubernetes.kubeplane.dev"
 MANIFESTS = "Manifests.kubernetes.kubeplane.dev"
 MANIFEST_STATUSES = "ManifestStatuses.kubernetes.kubeplane.dev"
 SECRET_STATUSES = "SecretStatuses.kubernetes.kubeplane.dev"  # noqa: S105 (a type name, not a secret)
+CERTIFICATE_RENEWALS = "CertificateRenewals.kubernetes.kubeplane.dev"
 KUBERNETES_CONTROL_PLANE_CONFIGS = "KubernetesControlPlaneConfigs.config.kubeplane.dev"
 MACHINE_CONFIGS = "MachineConfigs.config.kubeplane.dev"
 MACHINE_TYPES = "MachineTypes.config.kubeplane.dev"
@@ -95,7 +97,6 @@ BOOTSTRAP_STATUSES = "BootstrapStatuses.runtime.kubeplane.dev"
 ROOT_SECRETS = "RootSecrets.secrets.kubeplane.dev"
 KUBERNETES_SECRETS = "KubernetesSecrets.secrets.kubeplane.dev"
 ETCD_SECRETS = "EtcdSecrets.secrets.kubeplane.dev"
-CERTIFICATE_RENEWALS = "CertificateRenewals.secrets.kubeplane.dev"
 SERVICES = "Services.runtime.kubeplane.dev"
 NODE_ADDRESSES = "NodeAddresses.network.kubeplane.dev"
 POD_NETWORK_STATUSES = "PodNetworkStatuses.network.kubeplane.dev"
@@ -369,13 +370,12 @@ DEFINITIONS = (
         print_columns=(
             PrintColumn("READY", json_path="ready"),
             PrintColumn("SECRETS VERSION", json_path="version"),
-            PrintColumn("ISSUED", json_path="issued"),
         ),
     ),
     ResourceDefinition(
         type=CERTIFICATE_RENEWALS,
         display_type="CertificateRenewal",
-        default_namespace=SECRETS_NAMESPACE,
+        default_namespace=CONTROLPLANE_NAMESPACE,
         spec_type=CertificateRenewalSpec,
         print_columns=(PrintColumn("NOT BEFORE", json_path="notBefore"),),
     ),

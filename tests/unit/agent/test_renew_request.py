@@ -37,7 +37,7 @@ def node_with(tmp_path: Path, *, issued: datetime.datetime | None) -> Node:
 
 def request(node: Node) -> str:
     assert node.state is not None
-    found = node.state.find(catalog.SECRETS_NAMESPACE, catalog.CERTIFICATE_RENEWALS, "k8s-certs")
+    found = node.state.find(catalog.CONTROLPLANE_NAMESPACE, catalog.CERTIFICATE_RENEWALS, "k8s-certs")
     assert found is not None
     return str(found.spec.to_dict()["notBefore"])
 

@@ -9,7 +9,7 @@ Better than the original, which issued everything again on every reconcile: cert
 kept until an input that went into them changes (CAs, endpoint, SANs, DNS domain, service IP,
 node names, admin lifetime — not, say, an image or a bootstrap token) or until one of them is due
 for renewal; the controller wakes itself up for that. An operator's request
-(``secrets/CertificateRenewals/k8s-certs``, made by the node API's ``KubernetesCertificatesRenew``
+(``controlplane/CertificateRenewals/k8s-certs``, made by the node API's ``KubernetesCertificatesRenew``
 call) re-issues them once when its ``notBefore`` is later than ``issued``
 (:func:`~kubeplane.controllers.secrets.common.renewal_requested`); the CAs stay as they are.
 """
@@ -66,7 +66,7 @@ class KubernetesSecretsController:
     inputs = (
         Input(catalog.SECRETS_NAMESPACE, catalog.ROOT_SECRETS, root.K8S_ID),
         Input(catalog.NETWORK_NAMESPACE, catalog.NODE_ADDRESSES, catalog.NODE_ADDRESSES_ID),
-        Input(catalog.SECRETS_NAMESPACE, catalog.CERTIFICATE_RENEWALS, KUBERNETES_SECRETS_ID),
+        Input(catalog.CONTROLPLANE_NAMESPACE, catalog.CERTIFICATE_RENEWALS, KUBERNETES_SECRETS_ID),
     )
     outputs = (Output(catalog.KUBERNETES_SECRETS),)
 
@@ -91,7 +91,7 @@ class KubernetesSecretsController:
         )
         issued = issued_certificates(existing or {})
         request = common.running_spec(
-            ctx, catalog.SECRETS_NAMESPACE, catalog.CERTIFICATE_RENEWALS, KUBERNETES_SECRETS_ID
+            ctx, catalog.CONTROLPLANE_NAMESPACE, catalog.CERTIFICATE_RENEWALS, KUBERNETES_SECRETS_ID
         )
         reason = common.reissue_reason(
             existing, inputs_fingerprint=inputs_fingerprint, issued=issued, now=now

@@ -440,7 +440,7 @@ def test_renewal_time_matches_needs_renewal(bundle: gen.SecretsBundle) -> None:
 def request_renewal(node: Node, not_before: datetime) -> None:
     """What the node API's KubernetesCertificatesRenew call writes."""
     node.state.modify(
-        catalog.SECRETS_NAMESPACE,
+        catalog.CONTROLPLANE_NAMESPACE,
         catalog.CERTIFICATE_RENEWALS,
         "k8s-certs",
         lambda _: catalog.CertificateRenewalSpec(not_before=not_before.isoformat()),
