@@ -36,6 +36,7 @@ MUTATIONS = {
     "etcd_forfeit_leadership",
     "image_pull",
     "client_certificate",
+    "kubernetes_certificates_renew",
 }
 
 
@@ -201,6 +202,14 @@ class FakeNode:
         self._record("client_certificate")
         return {"crt": "signed", "ca": "ca"}
 
+    async def kubernetes_certificates_renew(self, *, not_before: int | None) -> dict[str, Any]:
+        self._record("kubernetes_certificates_renew")
+        return {
+            "notBefore": "2026-01-01T00:00:00+00:00",
+            "issued": "2025-01-01T00:00:00+00:00",
+            "renewing": True,
+        }
+
     async def image_pull(self, *, image: str) -> dict[str, Any]:
         self._record("image_pull")
         return {"image": image, "pulled": True}
@@ -335,6 +344,7 @@ async def every_call(c: api.NodeClient) -> dict[str, Callable[[], Awaitable[Any]
         "EtcdForfeitLeadership": c.etcd_forfeit_leadership,
         "EtcdSnapshot": lambda: collect(c.etcd_snapshot()),
         "Kubeconfig": c.kubeconfig,
+        "KubernetesCertificatesRenew": lambda: c.kubernetes_certificates_renew(not_before=1767225600),
         "ImagePull": lambda: c.image_pull("k8s.gcr.io/pause:3.2"),
         "Containers": c.containers,
         "ContainerLogs": lambda: collect(c.container_logs("kube-system/p:c")),

@@ -290,6 +290,9 @@ class AgentBackend:
     async def kubeconfig(self) -> dict[str, Any]:
         return self._node.kubeconfig()
 
+    async def kubernetes_certificates_renew(self, *, not_before: int | None) -> dict[str, Any]:
+        return self._node.renew_kubernetes_certificates(not_before=not_before)
+
     async def client_certificate(self, *, csr: str, roles: str, lifetime_seconds: int) -> dict[str, Any]:
         chosen = [role.strip() for role in roles.split(",") if role.strip()]
         return await self._node.client_certificate(csr=csr, roles=chosen, lifetime=lifetime_seconds)

@@ -58,6 +58,7 @@ from kubeplane.api import trustd
 from kubeplane.clients import errors as client_errors
 from kubeplane.config.paths import NodePaths
 from kubeplane.controllers.network import vip as vip_controller
+from kubeplane.controllers.secrets import common as secrets_common
 from kubeplane.resources import catalog
 from kubeplane.runtime import Controller, Runtime
 from kubeplane.services import logs as service_logs
@@ -985,6 +986,56 @@ class Node:
         log.info("%s", message)
         self.events.emit("pki", "client-certificate", message)
         return {"crt": cert.decode(), "ca": ca.crt_pem().decode()}
+
+    def renew_kubernetes_certificates(self, *, not_before: int | None) -> dict[str, Any]:
+        """Ask for this node's Kubernetes certificates issued before ``not_before`` to be re-issued.
+
+        ``not_before`` (Unix seconds; default now) is capped at the node's own clock, so a caller
+        whose clock runs ahead cannot ask for certificates that no issue can satisfy, and a
+        request never moves an earlier, later-reaching one back. The secrets controller answers
+        it (:func:`kubeplane.controllers.secrets.common.renewal_requested`); the same request
+        twice re-issues once. Only the certificates signed by the cluster's CAs that a node
+        issues for itself are renewed: the API server serving certificate, its kubelet and
+        front-proxy client certificates and the admin, controller-manager and scheduler
+        kubeconfigs; the CAs, etcd's and the kubelet's certificates stay as they are.
+        """
+        state = self.state
+        secret = (
+            state.find(catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, "k8s-certs") if state else None
+        )
+        if state is None or secret is None:
+            raise api.FailedPreconditionError(
+                f"node {self.name} holds no Kubernetes certificates to renew (only control plane "
+                "nodes issue them): ask a control plane node"
+            )
+        now = datetime.datetime.now(datetime.UTC)
+        asked = now if not_before is None else datetime.datetime.fromtimestamp(not_before, datetime.UTC)
+        requested = min(asked, now)
+        previous = state.find(catalog.CONTROLPLANE_NAMESPACE, catalog.CERTIFICATE_RENEWALS, "k8s-certs")
+        if previous is not None:
+            earlier = datetime.datetime.fromisoformat(str(previous.spec.to_dict()["notBefore"]))
+            requested = max(requested, earlier)
+        state.modify(
+            catalog.CONTROLPLANE_NAMESPACE,
+            catalog.CERTIFICATE_RENEWALS,
+            "k8s-certs",
+            lambda _: catalog.CertificateRenewalSpec(not_before=requested.isoformat()),
+        )
+        certificates = secret.spec.to_dict()
+        renewing = (
+            secrets_common.renewal_requested(certificates, {"notBefore": requested.isoformat()}) is not None
+        )
+        if renewing:
+            message = (
+                f"renewal of the Kubernetes certificates issued before {requested.isoformat()} requested"
+            )
+            log.info("%s", message)
+            self.events.emit("pki", "renew", message)
+        return {
+            "notBefore": requested.isoformat(),
+            "issued": str(certificates.get("issued", "")),
+            "renewing": renewing,
+        }
 
     def kubeconfig(self) -> dict[str, Any]:
         state = self.state

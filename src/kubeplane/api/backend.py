@@ -153,6 +153,13 @@ class NodeBackend(Protocol):
         """``{"kubeconfig": YAML}``: an admin kubeconfig for the cluster (control plane nodes)."""
         ...
 
+    async def kubernetes_certificates_renew(self, *, not_before: int | None) -> Document:
+        """Re-issue the node's Kubernetes certificates issued before ``not_before`` (Unix seconds,
+        default now), with the same CAs: ``{"notBefore", "issued", "renewing"}`` where ``issued``
+        is the time of the certificates held now and ``renewing`` whether they are re-issued for
+        this request; FailedPreconditionError on a node without them (a worker)."""
+        ...
+
     async def image_pull(self, *, image: str) -> Document:
         """Pull ``image`` into the node's containerd through its registry mirrors.
 

@@ -318,6 +318,13 @@ class NodeClient:
         """``{"kubeconfig": YAML}`` admin kubeconfig of the cluster (admin only)."""
         return await self.call("Kubeconfig")
 
+    async def kubernetes_certificates_renew(
+        self, *, not_before: int | None = None
+    ) -> list[Reply[wire.Document]]:
+        """Re-issue the nodes' Kubernetes certificates issued before ``not_before`` (Unix seconds,
+        default now), with the same CAs (admin only; control plane nodes)."""
+        return await self.call("KubernetesCertificatesRenew", {"not_before": not_before})
+
     async def image_pull(self, image: str, *, timeout: float | None = None) -> list[Reply[wire.Document]]:
         """Pull ``image`` on the nodes through their registry mirrors (admin only)."""
         return await self.call("ImagePull", {"image": image}, timeout=timeout)

@@ -361,6 +361,12 @@ CALLS: tuple[Call, ...] = (
     Call("EtcdSnapshot", "etcd_snapshot", stream=True, access="admin"),
     Call("Kubeconfig", "kubeconfig", access="admin"),
     Call(
+        "KubernetesCertificatesRenew",
+        "kubernetes_certificates_renew",
+        params=(Param("not_before", int),),
+        access="admin",
+    ),
+    Call(
         "ClientCertificate",
         "client_certificate",
         params=(

@@ -1,10 +1,16 @@
-"""``kubeplane certs``: every certificate on the nodes and in the client config, soonest expiry first.
+"""``kubeplane certs``: every certificate on the nodes and in the client config, soonest expiry
+first; ``kubeplane certs renew``: a rolling renewal of the control plane's Kubernetes certificates.
 
-The nodes report what they keep on disk (:mod:`kubeplane.agent.certs`: etcd, the Kubernetes
-components, the kubelet's kubeconfigs and rotated certificates); the client config adds each
-context's client certificate and OS CA. Expired ones and those expiring within ``--warn`` (30 days
-by default) are flagged in the table and counted in a warning, so a renewal is planned before an
-outage, not after.
+The report. The nodes report what they keep on disk (:mod:`kubeplane.agent.certs`: etcd, the
+Kubernetes components, the kubelet's kubeconfigs and rotated certificates); the client config adds
+each context's client certificate and OS CA. Expired ones and those expiring within ``--warn`` (30
+days by default) are flagged in the table and counted in a warning, so a renewal is planned before
+an outage, not after.
+
+The renewal is :mod:`kubeplane.ops.renew`, run like ``upgrade-k8s`` (:mod:`kubeplane.cli.upgrade`,
+whose node API, Kubernetes API and load balancer adapters it reuses): control plane nodes are
+discovered from Kubernetes Nodes, ``-n`` only names the node to talk through, the cluster
+operation Lease is held, and a failed run prints the command that continues it.
 """
 
 from __future__ import annotations
@@ -13,13 +19,21 @@ import base64
 import binascii
 import datetime
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import click
 
 from kubeplane import pki
-from kubeplane.api import NodeClient
-from kubeplane.cli import connect, output
+from kubeplane import plan as plan_module
+from kubeplane.api import CallError, NodeClient
+from kubeplane.cli import connect, output, progress
+from kubeplane.cli import upgrade as cli_upgrade
+from kubeplane.controllers.secrets.kubernetes import APISERVER_CN
+from kubeplane.ops import oplock, renew, upgrade
+from kubeplane.ops.errors import OpsError
+from kubeplane.provision import loadbalancer
+from kubeplane.resources import catalog
 
 HEADERS = ("NODE", "EXPIRES", "LEFT", "", "SUBJECT", "ISSUER", "WHAT", "PATH")
 #: Where the client config's certificates show up in the NODE column.
@@ -81,7 +95,7 @@ def _rows(
     return rows
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @click.option(
     "--warn",
     default="720h",
@@ -90,12 +104,16 @@ def _rows(
     help="Flag certificates that expire within DURATION (RENEW) or have expired (EXPIRED).",
 )
 @output.output_option
-def certs(*, warn: str, fmt: output.Format) -> None:
+@click.pass_context
+def certs(ctx: click.Context, *, warn: str, fmt: output.Format) -> None:
     """List the certificates of the nodes (-n A,B) and of the client config, soonest expiry first.
 
     Each node reports those it keeps on disk: etcd's, the Kubernetes components', the kubelet's
     kubeconfigs and rotated certificates; only public parts (subject, issuer, expiry), never keys.
+    `kubeplane certs renew` renews the control plane's Kubernetes certificates.
     """
+    if ctx.invoked_subcommand is not None:
+        return
     window = datetime.timedelta(seconds=output.parse_duration(warn))
     target = connect.resolve(connect.options())
     outcome = connect.Outcome()
@@ -117,3 +135,188 @@ def certs(*, warn: str, fmt: output.Format) -> None:
             err=True,
         )
     outcome.finish()
+
+
+# --- certs renew ------------------------------------------------------------------------------
+
+
+class RenewalNodeAPI(cli_upgrade.NodeAPIAdapter):
+    """:class:`kubeplane.ops.renew.NodeAPI` over the node API (one forwarding client per node)."""
+
+    async def cert_state(self, node: str) -> renew.CertState:
+        try:
+            status = await self.ask(
+                node,
+                lambda c: c.resource_get(
+                    catalog.SECRET_STATUSES,
+                    catalog.STATIC_POD_SECRETS_ID,
+                    namespace=catalog.CONTROLPLANE_NAMESPACE,
+                ),
+            )
+        except CallError as exc:
+            if exc.code != "NOT_FOUND":
+                raise
+            raise OpsError(
+                f"node {node} has no control plane secrets on disk (SecretStatuses "
+                f"{catalog.STATIC_POD_SECRETS_ID}): is its control plane running?"
+            ) from exc
+        spec = status.get("spec") or {}
+        issued = str(spec.get("issued") or "")
+        found = await self.ask(node, lambda c: c.certificates())
+        serving = [
+            str(item["not_after"])
+            for item in found
+            if item.get("subject") == APISERVER_CN and not item.get("is_ca")
+        ]
+        return renew.CertState(
+            issued=datetime.datetime.fromisoformat(issued) if issued else None,
+            secrets_version=int(spec.get("version") or 0),
+            expires=min(serving, default=""),
+        )
+
+    async def renew(self, node: str, *, not_before: datetime.datetime) -> datetime.datetime:
+        seconds = int(not_before.timestamp())
+        result = await self.ask(node, lambda c: c.kubernetes_certificates_renew(not_before=seconds))
+        return datetime.datetime.fromisoformat(str(result["notBefore"]))
+
+
+def _cutoff(text: str | None) -> datetime.datetime:
+    """``--issued-before`` (ISO 8601, UTC without an offset), or now; whole seconds, never ahead."""
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    if text is None:
+        return now
+    try:
+        value = datetime.datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r} is not an ISO 8601 time", param_hint="--issued-before") from exc
+    value = (value if value.tzinfo else value.replace(tzinfo=datetime.UTC)).replace(microsecond=0)
+    if value > now:
+        raise click.BadParameter(f"{text} is in the future", param_hint="--issued-before")
+    return value
+
+
+def _resume_command(*, cutoff: datetime.datetime, endpoint: str | None, kubeconfig: str | None) -> str:
+    words = ["certs", "renew", "--issued-before", renew.timestamp(cutoff)]
+    words += ["--endpoint", endpoint] if endpoint else []
+    words += ["--kubeconfig", kubeconfig] if kubeconfig else []
+    return connect.command_line(*words)
+
+
+async def _renew(
+    *,
+    options: renew.Options,
+    target: connect.Target,
+    kubeconfig: str | None,
+    endpoint: str | None,
+    dry_run: bool,
+    fmt: output.Format,
+    resume: str,
+) -> None:
+    node_api = RenewalNodeAPI(target)
+    kube: cli_upgrade.KubeAPIAdapter | None = None
+    try:
+        kubeconfig_text = kubeconfig or await node_api.kubeconfig(options.via[0] if options.via else None)
+        kube = cli_upgrade.kube_api(kubeconfig_text, endpoint)
+        observed = await renew.prepare(options=options, node_api=node_api, kube=kube)
+        click.echo(
+            f"control plane nodes: {', '.join(f'{n.name} ({n.address})' for n in observed.control_plane)}",
+            err=fmt != "table",
+        )
+        plan = renew.build_plan(observed)
+        if dry_run:
+            if fmt == "table":
+                click.echo(plan.render())
+                click.echo("dry run: nothing was changed")
+            else:
+                click.echo(output.documents(cli_upgrade.plan_documents(plan), fmt), nl=False)
+            return
+        rotation: upgrade.Rotation = (
+            cli_upgrade.local_rotation([n.address for n in observed.control_plane]) or upgrade.NoRotation()
+        )
+        click.echo(plan.render())
+        # Printed before any change: a run killed outright prints no resume message of its own.
+        click.echo(f"to continue this renewal if it is interrupted: {resume}")
+        with progress.display() as shown:
+            renewer = renew.Renewer(
+                observed=observed,
+                node_api=node_api,
+                kube=kube,
+                rotation=rotation,
+                progress=shown,
+                timing=cli_upgrade.TIMING,
+            )
+            async with oplock.held(kube.lease_store(), operation="certs-renew"):
+                results = await renewer.run(plan, resume=resume)
+        rows = [
+            [expiry.node.name, expiry.node.address, expiry.before or "-", expiry.after or "-", result.outcome]
+            for expiry, result in zip(renewer.expiries, results, strict=True)
+        ]
+        click.echo(output.table(("NODE", "ADDRESS", "EXPIRY BEFORE", "EXPIRY AFTER", "STEP"), rows), nl=False)
+        changed = len(plan_module.changed_steps(results))
+        click.echo(
+            f"renewal completed: {changed} node(s) renewed, {len(results) - changed} already renewed "
+            f"(issued at or after {renew.timestamp(observed.cutoff)})"
+        )
+    finally:
+        await node_api.close()
+        if kube is not None:
+            await kube.close()
+
+
+@certs.command("renew")
+@click.option(
+    "--issued-before",
+    metavar="TIME",
+    help="Renew the certificates issued before TIME (ISO 8601, UTC without an offset; default: now). "
+    "A failed run prints the command that continues it with this set.",
+)
+@click.option(
+    "--endpoint", metavar="URL", help="Kubernetes API endpoint to use instead of the kubeconfig's server."
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, exists=True),
+    help="Admin kubeconfig (default: asked from a node).",
+)
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+@output.output_option
+def renew_command(
+    *,
+    issued_before: str | None,
+    endpoint: str | None,
+    kubeconfig: str | None,
+    dry_run: bool,
+    fmt: output.Format,
+) -> None:
+    """Renew the control plane's Kubernetes certificates, one node at a time, with the same CAs.
+
+    Every control plane node (-n only names the node to talk through) in turn leaves the load
+    balancer's rotation (when another API server serves), re-issues its kube-apiserver serving
+    certificate, its kubelet and front-proxy client certificates and the admin,
+    kube-controller-manager and kube-scheduler kubeconfigs, and returns once its kube-apiserver,
+    kube-controller-manager and kube-scheduler run with them and are Ready. The CAs, etcd's and
+    the kubelets' certificates are not renewed. Prints each node's serving certificate expiry
+    before and after.
+    """
+    obj = connect.options()
+    target = connect.resolve(obj)
+    cutoff = _cutoff(issued_before)
+    options = renew.Options(cutoff=cutoff, via=obj.nodes)
+    kubeconfig_text = Path(kubeconfig).read_text(encoding="utf-8") if kubeconfig else None
+    try:
+        connect.run(
+            _renew(
+                options=options,
+                target=target,
+                kubeconfig=kubeconfig_text,
+                endpoint=endpoint,
+                dry_run=dry_run,
+                fmt=fmt,
+                resume=_resume_command(cutoff=cutoff, endpoint=endpoint, kubeconfig=kubeconfig),
+            ),
+            target=target,
+        )
+    except (OpsError, plan_module.StepFailed) as exc:
+        raise click.ClickException(str(exc)) from exc
+    except loadbalancer.LoadBalancerError as exc:
+        raise click.ClickException(f"load balancer: {exc}") from exc

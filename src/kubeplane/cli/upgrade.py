@@ -208,6 +208,7 @@ class KubeAPIAdapter:
         return upgrade.PodState(
             name=pod["metadata"]["name"],
             config_version=annotations.get("kubeplane.dev/config-version"),
+            secrets_version=annotations.get("kubeplane.dev/secrets-version"),
             ready=kube_client.is_ready(pod),
             images=tuple(container["image"] for container in pod["spec"]["containers"]),
         )
@@ -329,14 +330,16 @@ def with_server(kubeconfig_text: str, endpoint: str | None) -> str:
     return str(yaml.safe_dump(document, sort_keys=False))
 
 
-def _kube_api(kubeconfig_text: str, endpoint: str | None) -> KubeAPIAdapter:
+def kube_api(kubeconfig_text: str, endpoint: str | None) -> KubeAPIAdapter:
+    """The Kubernetes API adapter for an admin kubeconfig, its server replaced by ``endpoint``."""
     try:
         return KubeAPIAdapter(kube_client.KubeClient(with_server(kubeconfig_text, endpoint)))
     except (ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
         raise OpsError(f"cannot use the admin kubeconfig: {exc}") from exc
 
 
-def _plan_documents(plan: plan_module.Plan) -> list[dict[str, Any]]:
+def plan_documents(plan: plan_module.Plan) -> list[dict[str, Any]]:
+    """A plan's steps as documents (``--dry-run -o json|yaml``)."""
     return [
         {
             "index": index,
@@ -364,7 +367,7 @@ async def _upgrade(
     kube: KubeAPIAdapter | None = None
     try:
         kubeconfig_text = kubeconfig or await node_api.kubeconfig(options.via[0] if options.via else None)
-        kube = _kube_api(kubeconfig_text, endpoint)
+        kube = kube_api(kubeconfig_text, endpoint)
         observed = await upgrade.prepare(options=options, node_api=node_api, kube=kube)
         click.echo(
             f"control plane nodes: {', '.join(f'{n.name} ({n.address})' for n in observed.control_plane)}",
@@ -380,7 +383,7 @@ async def _upgrade(
                 click.echo(plan.render())
                 click.echo("dry run: nothing was changed")
             else:
-                click.echo(output.documents(_plan_documents(plan), fmt), nl=False)
+                click.echo(output.documents(plan_documents(plan), fmt), nl=False)
             return
         rotation: upgrade.Rotation = (
             local_rotation([n.address for n in observed.control_plane]) or upgrade.NoRotation()

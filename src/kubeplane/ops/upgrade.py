@@ -96,12 +96,14 @@ class ComponentConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PodState:
-    """A mirror pod: its ``kubeplane.dev/config-version`` annotation, readiness and images."""
+    """A mirror pod: its ``kubeplane.dev/config-version`` and ``kubeplane.dev/secrets-version``
+    annotations, readiness and images."""
 
     name: str
     config_version: str | None
     ready: bool
     images: tuple[str, ...] = ()
+    secrets_version: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,7 +337,7 @@ def build_plan(observed: Observed) -> plan_module.Plan:
 # --- preflight ---------------------------------------------------------------------------------
 
 
-def _select_control_plane(nodes: Sequence[ClusterNode], via: Sequence[str]) -> tuple[ClusterNode, ...]:
+def select_control_plane(nodes: Sequence[ClusterNode], via: Sequence[str]) -> tuple[ClusterNode, ...]:
     """Every control plane node; ``via`` (the nodes the CLI talks through) must be among ``nodes``."""
     by_key = {key: node for node in nodes for key in (node.address, node.name)}
     unknown = [name for name in via if name not in by_key]
@@ -353,7 +355,15 @@ def _select_control_plane(nodes: Sequence[ClusterNode], via: Sequence[str]) -> t
     return found
 
 
-async def _check_reachable(node_api: NodeAPI, nodes: Sequence[ClusterNode]) -> None:
+class Reachable(Protocol):
+    """The part of a node API :func:`check_reachable` uses (``certs renew`` shares it)."""
+
+    async def check(self, node: str) -> None:
+        """Raise when ``node`` does not answer."""
+
+
+async def check_reachable(node_api: Reachable, nodes: Sequence[ClusterNode]) -> None:
+    """Raise a :class:`PreflightError` naming every node of ``nodes`` that does not answer."""
     results = await asyncio.gather(*(node_api.check(node.address) for node in nodes), return_exceptions=True)
     failed = [
         f"{node.name} ({node.address}): {result}"
@@ -368,7 +378,8 @@ async def _check_reachable(node_api: NodeAPI, nodes: Sequence[ClusterNode]) -> N
         )
 
 
-async def _kube_read(call: Awaitable[T], *, what: str) -> T:
+async def kube_read(call: Awaitable[T], *, what: str) -> T:
+    """``call``'s result; any failure is a :class:`PreflightError` saying nothing was changed."""
     try:
         return await call
     except Exception as exc:
@@ -382,11 +393,11 @@ async def prepare(*, options: Options, node_api: NodeAPI, kube: KubeAPI) -> Obse
     """Every check before any change, and the cluster state the plan is built from."""
     target = Version.parse(options.to, what="target version (--to)")
     source_given = Version.parse(options.source, what="source version (--from)") if options.source else None
-    nodes = await _kube_read(kube.nodes(), what="list Kubernetes Nodes")
-    control_plane = _select_control_plane(nodes, options.via)
+    nodes = await kube_read(kube.nodes(), what="list Kubernetes Nodes")
+    control_plane = select_control_plane(nodes, options.via)
     cp_addresses = {node.address for node in control_plane}
     others = tuple(node for node in nodes if node.address not in cp_addresses)
-    await _check_reachable(node_api, (*control_plane, *others))
+    await check_reachable(node_api, (*control_plane, *others))
     images: dict[tuple[str, str], str] = {}
     for node in control_plane:
         for component in COMPONENTS:
@@ -401,7 +412,7 @@ async def prepare(*, options: Options, node_api: NodeAPI, kube: KubeAPI) -> Obse
         ).model.cluster.proxy_image
         for node in control_plane
     }
-    daemonset = await _kube_read(
+    daemonset = await kube_read(
         kube.daemonset(PROXY_NAMESPACE, PROXY), what=f"read DaemonSet {PROXY_NAMESPACE}/{PROXY}"
     )
     kubelets: list[tuple[ClusterNode, str]] = []

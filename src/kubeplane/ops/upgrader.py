@@ -2,7 +2,8 @@
 
 Each step re-reads live state and decides whether it is already done (see
 :mod:`kubeplane.ops.upgrade` for the procedure); every wait polls through
-:meth:`kubeplane.retry.Wait.poll_async`, retrying the typed errors of :data:`RETRYABLE`.
+:meth:`kubeplane.retry.Wait.poll_async`, retrying the typed errors of :data:`RETRYABLE`
+(:func:`wait_until`, which ``certs renew`` shares with :func:`leave_rotation`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,49 @@ RETRYABLE: tuple[type[BaseException], ...] = (*kube_client.RETRYABLE, Connection
 
 Sleep = Callable[[float], Awaitable[None]]
 DEFAULT_TIMING = Timing()
+
+
+async def wait_until(
+    check: Callable[[], Awaitable[str | None]],
+    *,
+    timeout: float,
+    interval: float,
+    describe: str,
+    progress: plan_module.Progress,
+    sleep: Sleep = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Poll ``check`` (None: done; text: why not yet) until done; errors of :data:`RETRYABLE` are
+    retried, and :class:`~kubeplane.ops.errors.WaitTimeout` names ``describe`` and the last reason."""
+
+    async def attempt() -> bool:
+        reason = await check()
+        if reason is not None:
+            raise retry.NotYet(reason)
+        return True
+
+    progress.info(f"waiting for {describe}")
+    await retry.Wait(
+        what=describe,
+        timeout=timeout,
+        backoff=retry.fixed(interval),
+        retry_on=RETRYABLE,
+        progress=lambda failed: progress.retrying(failed.reason),
+        error=WaitTimeout,
+        clock=clock,
+    ).poll_async(attempt, sleep=sleep)
+
+
+async def leave_rotation(rotation: Rotation, node: ClusterNode, progress: plan_module.Progress) -> None:
+    """Take ``node`` out of the load balancer rotation, unless no other node would serve the API."""
+    others = await rotation.serving() - {node.address}
+    if not others:
+        progress.info(
+            f"keeping node {node.name} in the load balancer rotation: no other API server is serving"
+        )
+        return
+    progress.info(f"taking node {node.name} out of the load balancer rotation")
+    await rotation.drain(node)
 
 
 class Upgrader:
@@ -107,24 +151,15 @@ class Upgrader:
     async def _wait(
         self, check: Callable[[], Awaitable[str | None]], *, timeout: float, describe: str
     ) -> None:
-        """Poll ``check`` (None: done; text: why not yet) until done; retryable API errors are retried."""
-
-        async def attempt() -> bool:
-            reason = await check()
-            if reason is not None:
-                raise retry.NotYet(reason)
-            return True
-
-        self.progress.info(f"waiting for {describe}")
-        await retry.Wait(
-            what=describe,
+        await wait_until(
+            check,
             timeout=timeout,
-            backoff=retry.fixed(self.timing.interval),
-            retry_on=RETRYABLE,
-            progress=lambda failed: self.progress.retrying(failed.reason),
-            error=WaitTimeout,
+            interval=self.timing.interval,
+            describe=describe,
+            progress=self.progress,
+            sleep=self._sleep,
             clock=self._clock,
-        ).poll_async(attempt, sleep=self._sleep)
+        )
 
     async def _wait_pod(self, node: ClusterNode, component: str, expected: int) -> None:
         async def check() -> str | None:
@@ -226,17 +261,8 @@ class Upgrader:
         return outcome
 
     async def _drain(self, node: ClusterNode, component: str) -> None:
-        """Take ``node`` out of the rotation, unless no other node would serve the API."""
-        if not self._steer(component):
-            return
-        others = await self.rotation.serving() - {node.address}
-        if not others:
-            self.progress.info(
-                f"keeping node {node.name} in the load balancer rotation: no other API server is serving"
-            )
-            return
-        self.progress.info(f"taking node {node.name} out of the load balancer rotation")
-        await self.rotation.drain(node)
+        if self._steer(component):
+            await leave_rotation(self.rotation, node, self.progress)
 
     async def _proxy(self, step: plan_module.Step) -> plan_module.Outcome:
         changed = False

@@ -12,7 +12,9 @@ MachineTypes (machine-type)     config        ``machineType``: init | controlpla
 KubernetesControlPlaneConfigs   config        generic dict per component (images, args, ...)
 RootSecrets (etcd, k8s)         secrets       generic dict of PEMs and tokens
 EtcdSecrets, KubernetesSecrets  secrets       generic dict of PEMs and kubeconfigs
-SecretStatuses (static-pods)    controlplane  ``ready``, ``version`` (secrets-version annotation)
+SecretStatuses (static-pods)    controlplane  ``ready``, ``version`` (secrets-version annotation),
+                                              ``issued`` (of the KubernetesSecrets on disk)
+CertificateRenewals (k8s-certs) controlplane  ``notBefore``: re-issue what was issued before it
 StaticPods (kube-apiserver)     controlplane  ``pod``: the Pod object written for the kubelet
 StaticPodStatuses               controlplane  ``podStatus``: the pod's ``status`` from the kubelet
 Manifests (10-kube-proxy)       controlplane  ``items``: Kubernetes objects to create
@@ -42,7 +44,8 @@ readable when none of its resources can carry a secret:
   any inline or downloaded manifest, which may hold Secrets) and KubernetesControlPlaneConfigs
   (``extra-manifests`` holds ``cluster.extraManifestHeaders``, e.g. an Authorization header, and
   the inline manifests' contents);
-- readable: MachineTypes, SecretStatuses (a readiness flag and a version, no secret),
+- readable: MachineTypes, SecretStatuses (a readiness flag, a version and a time, no secret),
+  CertificateRenewals (a time),
   StaticPods (pods reference their secrets by file path only), StaticPodStatuses,
   ManifestStatuses (manifest ids and apply errors, which name objects), BootstrapStatuses,
   Services, NodeAddresses, PodNetworkStatuses (CIDRs, node names and addresses), the machine
@@ -56,7 +59,8 @@ Readers have no need for the sensitive types: ManifestStatuses tell which manife
 StaticPods show what each component runs.
 
 SecretStatuses live in ``controlplane`` (not ``secrets``): they carry no secret, only the
-readiness the static pod controller waits on, so a reader-role client may see them.
+readiness the static pod controller waits on, so a reader-role client may see them; so do
+CertificateRenewals, an operator's request for new certificates (a time).
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ STATIC_POD_STATUSES = "StaticPodStatuses.kubernetes.kubeplane.dev"
 MANIFESTS = "Manifests.kubernetes.kubeplane.dev"
 MANIFEST_STATUSES = "ManifestStatuses.kubernetes.kubeplane.dev"
 SECRET_STATUSES = "SecretStatuses.kubernetes.kubeplane.dev"  # noqa: S105 (a type name, not a secret)
+CERTIFICATE_RENEWALS = "CertificateRenewals.kubernetes.kubeplane.dev"
 KUBERNETES_CONTROL_PLANE_CONFIGS = "KubernetesControlPlaneConfigs.config.kubeplane.dev"
 MACHINE_CONFIGS = "MachineConfigs.config.kubeplane.dev"
 MACHINE_TYPES = "MachineTypes.config.kubeplane.dev"
@@ -146,10 +151,23 @@ class EtcdSecretSpec(DictSpec):
 
 @dataclasses.dataclass(frozen=True)
 class SecretStatusSpec(Spec):
-    """Whether the component secrets are on disk, and which version of them."""
+    """Whether the component secrets are on disk, which version of them, and when the Kubernetes
+    certificates among them were issued (``kubeplane certs renew`` waits for a renewal's)."""
 
     ready: bool = False
     version: str = ""
+    issued: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class CertificateRenewalSpec(Spec):
+    """A request to re-issue the certificates of a secrets resource issued before ``not_before``.
+
+    An ISO 8601 time, not a counter: asking again with the same time changes nothing, and the
+    request is answered once the certificates' ``issued`` time reaches it.
+    """
+
+    not_before: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,6 +387,13 @@ DEFINITIONS = (
             PrintColumn("READY", json_path="ready"),
             PrintColumn("SECRETS VERSION", json_path="version"),
         ),
+    ),
+    ResourceDefinition(
+        type=CERTIFICATE_RENEWALS,
+        display_type="CertificateRenewal",
+        default_namespace=CONTROLPLANE_NAMESPACE,
+        spec_type=CertificateRenewalSpec,
+        print_columns=(PrintColumn("NOT BEFORE", json_path="notBefore"),),
     ),
     ResourceDefinition(
         type=KUBERNETES_CONTROL_PLANE_CONFIGS,

@@ -1,12 +1,15 @@
 """``kubeplane config new``: a control plane node signs a client certificate with the chosen roles
 for a key that never leaves the client; a reader config reads and cannot write; the proxy role and
-malformed requests are refused by the node itself."""
+malformed requests are refused by the node itself. And the node's side of ``certs renew``: a
+renewal request re-issues the Kubernetes certificates once."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import stat
+import time
 from typing import Any
 
 import pytest
@@ -123,3 +126,50 @@ def test_certs_reports_node_and_client_certificates_and_flags_the_short_lived(cl
     flagged = [line for line in result.stdout.splitlines() if " RENEW " in line]
     assert len(flagged) == 1 and "kubeplane-client" in flagged[0], result.stdout
     assert "warning: 0 certificate(s) expired and 1 expire within 720h" in result.stderr
+
+
+def renew_call(gen: Generated, address: str, request: dict[str, Any]) -> dict[str, Any]:
+    """A raw KubernetesCertificatesRenew call as the admin; its one reply."""
+    context = client_config.current(client_config.load(gen.admin_config))[1]
+    credentials = api.Credentials(ca=context.ca_pem, cert=context.client.cert, key=context.client.key)
+
+    async def scenario() -> dict[str, Any]:
+        async with api.NodeClient([f"{address}:{API_PORT}"], credentials=credentials) as client:
+            (reply,) = await client.call("KubernetesCertificatesRenew", request)
+            result: dict[str, Any] = reply.unwrap()
+            return result
+
+    return asyncio.run(scenario())
+
+
+def test_a_control_plane_node_renews_its_kubernetes_certificates_once_per_request(cluster: Cluster) -> None:
+    """The node API call, the request resource, the secrets controller and the files on disk."""
+    agent = cluster.boot_agent()
+
+    def status() -> dict[str, Any] | None:
+        result = cluster.kp(
+            "-e", agent.address, "get", "secretstatuses", "static-pods", "-o", "json", check=False
+        )
+        if result.returncode != 0 or not result.stdout.strip():
+            return None
+        spec: dict[str, Any] = yaml.safe_load(result.stdout)["spec"]
+        return spec if spec.get("issued") else None
+
+    before = wait_for(status, timeout=30, what="the control plane secrets on disk", logs=cluster.logs)
+    answer = renew_call(cluster.gen, agent.address, {})
+    assert answer["renewing"] is True and answer["issued"] == before["issued"]
+
+    def renewed() -> dict[str, Any] | None:
+        now = status()
+        return now if now is not None and now["issued"] >= answer["notBefore"] else None
+
+    after = wait_for(renewed, timeout=30, what="certificates issued for the request", logs=cluster.logs)
+    assert int(after["version"]) == int(before["version"]) + 1
+    # The same request again is answered already and renews nothing.
+    asked = int(datetime.datetime.fromisoformat(answer["notBefore"]).timestamp())
+    again = renew_call(cluster.gen, agent.address, {"not_before": asked})
+    assert again["renewing"] is False
+    time.sleep(1)
+    assert status() == after
+    events = cluster.kp("-e", agent.address, "events", "-o", "json").stdout
+    assert "renewal of the Kubernetes certificates issued before" in events

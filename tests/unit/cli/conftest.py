@@ -230,6 +230,12 @@ class FakeNode:
         text = f"stop the services, wipe {wipe}, then {'reboot' if reboot else 'stop the agent'}"
         return {**summary, "message": f"dry run: {text}" if dry_run else f"node {self.name} reset: {text}"}
 
+    async def kubernetes_certificates_renew(self, *, not_before: int | None) -> dict[str, Any]:
+        """A control plane node's answer: its certificates (issued at the epoch) are re-issued."""
+        self.calls.append(f"kubernetes_certificates_renew not_before={not_before}")
+        requested = EPOCH if not_before is None else datetime.datetime.fromtimestamp(not_before, datetime.UTC)
+        return {"notBefore": ts(requested), "issued": ts(EPOCH), "renewing": requested > EPOCH}
+
     async def reboot(self) -> dict[str, Any]:
         self.calls.append("reboot")
         if self.staged is not None:

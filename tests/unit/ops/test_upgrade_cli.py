@@ -28,7 +28,7 @@ pytestmark = pytest.mark.unit
 def fake(generated: Mapping[str, Any], monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
     cluster = FakeCluster(generated)
     monkeypatch.setattr(cli_upgrade, "NodeAPIAdapter", lambda target: cluster)
-    monkeypatch.setattr(cli_upgrade, "_kube_api", lambda text, endpoint: cluster)
+    monkeypatch.setattr(cli_upgrade, "kube_api", lambda text, endpoint: cluster)
     monkeypatch.setattr(cli_upgrade, "local_rotation", lambda addresses: cluster)
     monkeypatch.setattr(connect, "resolve", lambda obj: None)
     # The waits poll every 1.5 s; the fake cluster answers within a few polls.

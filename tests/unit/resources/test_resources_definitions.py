@@ -74,7 +74,8 @@ SENSITIVITY = {
     catalog.MANIFESTS: True,  # the bootstrap token Secret, inline and downloaded manifests
     catalog.KUBERNETES_CONTROL_PLANE_CONFIGS: True,  # extra manifest headers, inline manifests
     catalog.MACHINE_TYPES: False,
-    catalog.SECRET_STATUSES: False,  # readiness and a version, not the secrets
+    catalog.SECRET_STATUSES: False,  # readiness, a version and an issue time, not the secrets
+    catalog.CERTIFICATE_RENEWALS: False,  # a time: renew what was issued before it
     catalog.STATIC_PODS: False,  # secrets are referenced by file path
     catalog.STATIC_POD_STATUSES: False,
     catalog.MANIFEST_STATUSES: False,  # ids and errors naming objects

@@ -3,7 +3,11 @@
 Issued certificates are kept until either an input that went into them changes (detected by a
 fingerprint of those inputs stored beside the certificates) or one of them enters its renewal
 window; the controllers then ask to be woken up when the earliest one does, so renewal needs no
-input change.
+input change. An operator can also ask for a renewal now (``kubeplane certs renew``): a
+``CertificateRenewals`` resource whose ``notBefore`` is later than the certificates' ``issued``
+time re-issues them once (:func:`renewal_requested`). It is compared with ``issued``, never mixed
+into the inputs fingerprint, so the same request made twice, or still present after the
+certificates were re-issued for it, re-issues nothing more.
 """
 
 from __future__ import annotations
@@ -87,6 +91,24 @@ def reissue_reason(
         if pki.needs_renewal(cert_pem, now=now):
             return f"{name} certificate is due for renewal"
     return None
+
+
+def renewal_requested(existing: Mapping[str, Any] | None, request: Mapping[str, Any] | None) -> str | None:
+    """Why an operator's renewal request re-issues the certificates in ``existing``, or None.
+
+    ``request`` is a ``CertificateRenewals`` spec; it asks for certificates issued at or after its
+    ``notBefore``. Certificates without a readable ``issued`` time count as older than any request.
+    """
+    if existing is None or request is None or not request.get("notBefore"):
+        return None
+    not_before = datetime.fromisoformat(str(request["notBefore"]))
+    try:
+        issued: datetime | None = datetime.fromisoformat(str(existing.get("issued")))
+    except ValueError:
+        issued = None
+    if issued is not None and issued >= not_before:
+        return None
+    return f"renewal requested for certificates issued before {not_before.isoformat()}"
 
 
 def requeue_for_renewal(ctx: ReconcileContext, cert_pems: Iterable[bytes], *, now: datetime) -> None:

@@ -8,7 +8,10 @@ kubeconfigs ``adminKubeconfig`` (server = the cluster endpoint), ``localAdminKub
 Better than the original, which issued everything again on every reconcile: certificates are
 kept until an input that went into them changes (CAs, endpoint, SANs, DNS domain, service IP,
 node names, admin lifetime — not, say, an image or a bootstrap token) or until one of them is due
-for renewal; the controller wakes itself up for that.
+for renewal; the controller wakes itself up for that. An operator's request
+(``controlplane/CertificateRenewals/k8s-certs``, made by the node API's ``KubernetesCertificatesRenew``
+call) re-issues them once when its ``notBefore`` is later than ``issued``
+(:func:`~kubeplane.controllers.secrets.common.renewal_requested`); the CAs stay as they are.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class KubernetesSecretsController:
     inputs = (
         Input(catalog.SECRETS_NAMESPACE, catalog.ROOT_SECRETS, root.K8S_ID),
         Input(catalog.NETWORK_NAMESPACE, catalog.NODE_ADDRESSES, catalog.NODE_ADDRESSES_ID),
+        Input(catalog.CONTROLPLANE_NAMESPACE, catalog.CERTIFICATE_RENEWALS, KUBERNETES_SECRETS_ID),
     )
     outputs = (Output(catalog.KUBERNETES_SECRETS),)
 
@@ -86,9 +90,12 @@ class KubernetesSecretsController:
             ctx, catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, KUBERNETES_SECRETS_ID
         )
         issued = issued_certificates(existing or {})
+        request = common.running_spec(
+            ctx, catalog.CONTROLPLANE_NAMESPACE, catalog.CERTIFICATE_RENEWALS, KUBERNETES_SECRETS_ID
+        )
         reason = common.reissue_reason(
             existing, inputs_fingerprint=inputs_fingerprint, issued=issued, now=now
-        )
+        ) or common.renewal_requested(existing, request)
         if reason is not None:
             spec = issue(root_spec=root_spec, node_names=node_names, now=now)
             spec[common.FINGERPRINT_KEY] = inputs_fingerprint

@@ -4,10 +4,12 @@ Writes ``<secrets>/kubernetes/<component>/`` for kube-apiserver, kube-controller
 kube-scheduler exactly as :data:`kubeplane.controllers.k8s.files.LAYOUT` lists them (the static pod
 flags point there), directories 0700, key material 0400, certificates 0444, each file atomically
 and only when its bytes change. Then publishes ``controlplane/SecretStatuses/static-pods``
-``{ready: true, version}``; the version — the static pods' ``kubeplane.dev/secrets-version``
-annotation — goes up only when some file's content changed, so the kubelet restarts the
-components exactly when their secrets did. Without all inputs the status is removed (the static
-pod controller then removes the pods); files already on disk are left in place.
+``{ready: true, version, issued}``; the version — the static pods'
+``kubeplane.dev/secrets-version`` annotation — goes up only when some file's content changed, so
+the kubelet restarts the components exactly when their secrets did; ``issued`` is the
+``KubernetesSecrets`` issue time of the files written, so a caller that asked for a renewal knows
+which version carries it. Without all inputs the status is removed (the static pod controller
+then removes the pods); files already on disk are left in place.
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ class RenderSecretsStaticPodController:
             ctx, catalog.CONTROLPLANE_NAMESPACE, catalog.SECRET_STATUSES, catalog.STATIC_POD_SECRETS_ID
         )
         self._version = common.next_version(existing, changed=changed, last=self._version)
-        status = catalog.SecretStatusSpec(ready=True, version=str(self._version))
+        status = catalog.SecretStatusSpec(
+            ready=True, version=str(self._version), issued=str(k8s_secrets.get("issued", ""))
+        )
         ctx.modify(
             catalog.CONTROLPLANE_NAMESPACE,
             catalog.SECRET_STATUSES,

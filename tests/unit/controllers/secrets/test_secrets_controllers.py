@@ -161,7 +161,11 @@ def mode(path: Path) -> int:
 def test_control_plane_node_gets_every_secret_resource(tmp_path: Path, bundle: gen.SecretsBundle) -> None:
     async def scenario(node: Node) -> None:
         node.apply(config_document(bundle))
-        assert await node.wait_ready() == {"ready": True, "version": "1"}
+        assert await node.wait_ready() == {
+            "ready": True,
+            "version": "1",
+            "issued": node.k8s_certs()["issued"],
+        }
 
         root_k8s = node.root_secrets("k8s")
         root_etcd = node.root_secrets("etcd")
@@ -219,7 +223,7 @@ def test_control_plane_node_gets_every_secret_resource(tmp_path: Path, bundle: g
             assert set(info.dns_names) == {HOSTNAME, "localhost"}
             assert set(info.extended_key_usages) == {"server", "client"}
         assert pki.cert_info(etcd["client"]["crt"].encode()).extended_key_usages == ("client",)
-        assert node.status("etcd") == {"ready": True, "version": "1"}
+        assert node.status("etcd") == {"ready": True, "version": "1", "issued": ""}
 
     run_node(tmp_path, scenario)
 
@@ -319,7 +323,7 @@ def test_missing_root_secret_fails_and_tears_down_outputs(
         await node.wait_for(lambda: node.root_secrets("k8s") is None, "RootSecrets k8s to be removed")
         # etcd keeps its secrets: converting a self-hosted control plane needs etcd running.
         assert node.root_secrets("etcd") is not None
-        assert node.status("etcd") == {"ready": True, "version": "1"}
+        assert node.status("etcd") == {"ready": True, "version": "1", "issued": ""}
         await node.wait_for(lambda: node.status() is None, "SecretStatuses static-pods to be removed")
         assert not node.state.list(catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS)
         await node.wait_for(lambda: message in caplog.text, f"{message!r} in the controller-runtime log")
@@ -366,12 +370,15 @@ def test_unrelated_change_keeps_certificates_and_sans_change_reissues(
         await node.wait_for(lambda: node.k8s_certs() != before, "re-issued Kubernetes certificates")
         info = pki.cert_info(node.k8s_certs()["apiServer"]["crt"].encode())
         assert "new-name.example.org" in info.dns_names
-        await node.wait_for(lambda: node.status() == {"ready": True, "version": "2"}, "secrets version 2")
+        await node.wait_for(
+            lambda: node.status() == {"ready": True, "version": "2", "issued": node.k8s_certs()["issued"]},
+            "secrets version 2",
+        )
         crt = (node.component_dir(files.APISERVER) / "apiserver.crt").read_text()
         assert crt == node.k8s_certs()["apiServer"]["crt"]
         # etcd certificates do not depend on the API server SANs.
         assert node.etcd_secrets() == etcd_before
-        assert node.status("etcd") == {"ready": True, "version": "1"}
+        assert node.status("etcd") == {"ready": True, "version": "1", "issued": ""}
 
     run_node(tmp_path, scenario)
 
@@ -398,7 +405,10 @@ def test_certificates_are_renewed_before_they_expire(tmp_path: Path, bundle: gen
         assert renewed.not_before == (clock.now - timedelta(minutes=5)).replace(microsecond=0)
         assert not pki.needs_renewal(node.k8s_certs()["apiServer"]["crt"].encode(), now=clock.now)
         await node.wait_for(lambda: node.etcd_secrets() != etcd_before, "etcd renewal")
-        await node.wait_for(lambda: node.status() == {"ready": True, "version": "2"}, "secrets version 2")
+        await node.wait_for(
+            lambda: node.status() == {"ready": True, "version": "2", "issued": node.k8s_certs()["issued"]},
+            "secrets version 2",
+        )
 
     run_node(tmp_path, scenario, clock=clock)
 
@@ -422,3 +432,114 @@ def test_renewal_time_matches_needs_renewal(bundle: gen.SecretsBundle) -> None:
     assert due == pki.cert_info(cert).not_after - timedelta(days=30)
     assert not pki.needs_renewal(cert, now=due - timedelta(seconds=1))
     assert pki.needs_renewal(cert, now=due)
+
+
+# -- renewal an operator asks for (kubeplane certs renew) --------------------------------------
+
+
+def request_renewal(node: Node, not_before: datetime) -> None:
+    """What the node API's KubernetesCertificatesRenew call writes."""
+    node.state.modify(
+        catalog.CONTROLPLANE_NAMESPACE,
+        catalog.CERTIFICATE_RENEWALS,
+        "k8s-certs",
+        lambda _: catalog.CertificateRenewalSpec(not_before=not_before.isoformat()),
+    )
+
+
+def test_renewal_request_reissues_once_with_the_same_cas(tmp_path: Path, bundle: gen.SecretsBundle) -> None:
+    clock = Clock()
+
+    async def scenario(node: Node) -> None:
+        node.apply(config_document(bundle))
+        await node.wait_ready()
+        before = node.k8s_certs()
+        etcd_before = node.etcd_secrets()
+
+        clock.now += timedelta(hours=1)
+        request_renewal(node, clock.now)
+        await node.wait_for(lambda: node.k8s_certs() != before, "re-issued Kubernetes certificates")
+        renewed = node.k8s_certs()
+        assert renewed["issued"] == clock.now.isoformat()
+        for name in ("apiServer", "apiServerKubeletClient", "frontProxyClient"):
+            assert renewed[name]["crt"] != before[name]["crt"], name
+        for name in ("adminKubeconfig", "controllerManagerKubeconfig", "schedulerKubeconfig"):
+            assert kubeconfig_of(renewed[name])[1] != kubeconfig_of(before[name])[1], name
+        assert pki.is_issued_by(renewed["apiServer"]["crt"].encode(), bundle.kubernetes_ca.cert)
+        assert node.root_secrets("k8s") is not None
+        await node.wait_for(
+            lambda: node.status() == {"ready": True, "version": "2", "issued": renewed["issued"]},
+            "secrets version 2 carrying the renewal",
+        )
+        # etcd's certificates are not part of it.
+        assert node.etcd_secrets() == etcd_before
+
+        # The same request again, and the controller woken up for it: nothing more is issued.
+        clock.now += timedelta(minutes=5)
+        request_renewal(node, clock.now - timedelta(minutes=5))
+        node.runtime.queue(KubernetesSecretsController.name)
+        await asyncio.sleep(SETTLE)
+        assert node.k8s_certs() == renewed
+        assert node.status() == {"ready": True, "version": "2", "issued": renewed["issued"]}
+
+    run_node(tmp_path, scenario, clock=clock)
+
+
+def test_a_restarted_chain_does_not_renew_again_for_an_answered_request(
+    tmp_path: Path, bundle: gen.SecretsBundle
+) -> None:
+    """The request stays in the state; fresh controllers (an agent restart keeping the state) only
+    compare it with ``issued``, so they issue nothing."""
+    clock = Clock()
+
+    async def main() -> None:
+        state = State(default_registry())
+        state.create(
+            catalog.NETWORK_NAMESPACE,
+            catalog.NODE_ADDRESSES,
+            catalog.NODE_ADDRESSES_ID,
+            spec=catalog.NodeAddressesSpec(hostname=HOSTNAME, addresses=[NODE_IP]),
+        )
+
+        def node() -> Node:
+            started = Node(
+                state, Runtime(state, backoff_initial=0.02, backoff_max=0.1), NodePaths(tmp_path), clock
+            )
+            for controller in controllers(started.paths, clock):
+                started.runtime.register(controller)
+            return started
+
+        first = node()
+        async with first.runtime:
+            first.apply(config_document(bundle))
+            await first.wait_ready()
+            clock.now += timedelta(hours=1)
+            request_renewal(first, clock.now)
+            await first.wait_for(
+                lambda: first.k8s_certs()["issued"] == clock.now.isoformat(), "renewal for the request"
+            )
+            await first.wait_for(lambda: (first.status() or {}).get("version") == "2", "secrets version 2")
+            renewed = first.k8s_certs()
+        clock.now += timedelta(hours=1)
+        second = node()
+        async with second.runtime:
+            await asyncio.sleep(SETTLE)
+            assert second.k8s_certs() == renewed
+            assert second.status() == {"ready": True, "version": "2", "issued": renewed["issued"]}
+
+    asyncio.run(main())
+
+
+def test_renewal_requested_compares_the_request_with_the_issue_time() -> None:
+    issued = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    existing = {"issued": issued.isoformat()}
+    assert common.renewal_requested(existing, None) is None
+    assert common.renewal_requested(None, {"notBefore": issued.isoformat()}) is None
+    assert common.renewal_requested(existing, {"notBefore": issued.isoformat()}) is None
+    assert common.renewal_requested(existing, {"notBefore": (issued - timedelta(days=1)).isoformat()}) is None
+    later = (issued + timedelta(seconds=1)).isoformat()
+    assert common.renewal_requested(existing, {"notBefore": later}) == (
+        f"renewal requested for certificates issued before {later}"
+    )
+    # Certificates without a readable issue time are older than any request.
+    assert common.renewal_requested({}, {"notBefore": later}) is not None
