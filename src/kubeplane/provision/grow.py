@@ -520,13 +520,6 @@ class Shrink:
         for name, listed in answered.items():
             members = members or listed
             healthy |= {m.id for m in listed if m.name == name}
-        if self.leaving_controlplanes and not [n for n in self.remaining if n.name in answered]:
-            nodes = ", ".join(n.name for n in self.leaving_controlplanes)
-            raise RemovalRefused(
-                f"refusing to remove control plane node(s) {nodes}: no remaining control plane node "
-                f"of cluster {self.cluster.name!r} answers with its etcd members "
-                f"({len(members)} member(s) known)"
-            )
         refusal = removal_refusal(
             self.cluster.name,
             controlplanes=controlplanes,
@@ -536,6 +529,13 @@ class Shrink:
         )
         if refusal is not None:
             raise RemovalRefused(refusal)
+        if not [n for n in self.remaining if n.name in answered]:
+            nodes = ", ".join(n.name for n in self.leaving_controlplanes)
+            raise RemovalRefused(
+                f"refusing to remove control plane node(s) {nodes}: no remaining control plane node "
+                f"of cluster {self.cluster.name!r} answers with its etcd members "
+                f"({len(members)} member(s) known)"
+            )
 
     def plan(self) -> plan_module.Plan:
         steps = []
