@@ -410,7 +410,7 @@ def add(
 def remove(
     *, name: str, nodes: tuple[str, ...], wait: bool, wait_timeout: str, dry_run: bool, fmt: output.Format
 ) -> None:
-    """Remove NODE... (names from `cluster show`) from a running local cluster.
+    """Remove the nodes NODES (names from `cluster show`) from a running local cluster.
 
     A control plane node leaves the load balancer, hands over etcd leadership and has its etcd
     member removed first; refused, changing nothing, when that would leave the healthy etcd members

@@ -342,6 +342,7 @@ class Growth:
         return await asyncio.to_thread(handlers[step.component])
 
     def _plans(self) -> list[planning.NodePlan]:
+        # start_agent needs the name and place of each node; its config comes later, from a peer.
         return [planning.NodePlan(a.name, a.role, a.ip, a.netns, config="") for a in self.additions]
 
     def _record(self) -> plan_module.Outcome:
