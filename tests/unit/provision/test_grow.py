@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from kubeplane.clients import etcd as etcd_client
-from kubeplane.provision import grow, netns, state
-from kubeplane.provision.cluster import PlanError
+from kubeplane.config import client as client_config
+from kubeplane.provision import grow, netns, planning, state
+from kubeplane.provision.cluster import ClusterMeta, PlanError
 
 pytestmark = pytest.mark.unit
 
@@ -143,3 +144,68 @@ def test_unjoined_state_round_trips_and_old_states_read_as_joined(tmp_path: Path
     old = ONE_PLUS_ONE[0].to_dict()
     del old["joined"]
     assert state.NodeState.from_dict(old).joined
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> state.ClusterState:
+    """A 1+1 cluster's state, metadata and client config as `cluster create` leaves them (no
+    processes: the plans below are built without touching a node)."""
+    cluster_plan = planning.plan(planning.ClusterRequest(name="e2e1", cidr=CIDR))
+    cluster = state.ClusterState.open("e2e1", root=tmp_path)
+    cluster.network = state.NetworkState(cidr=CIDR, host_ip="10.5.21.1", bridge="kp-e2e1")
+    cluster.nodes = list(ONE_PLUS_ONE)
+    cluster.save()
+    config_path = tmp_path / "config"
+    client_config.save(cluster_plan.client_config, config_path)
+    (cluster.directory / "kubeconfig").write_text("")
+    ClusterMeta(
+        endpoint="https://10.5.21.1:6443",
+        kubernetes_version="v1.20.2",
+        client_config_path=str(config_path),
+        context="e2e1",
+        kubeconfig=str(cluster.directory / "kubeconfig"),
+    ).save(cluster.directory)
+    return cluster
+
+
+def test_the_add_plan_names_every_new_node_and_where_its_config_comes_from(
+    running: state.ClusterState,
+) -> None:
+    additions = grow.plan_additions("e2e1", CIDR, running.nodes, controlplanes=2, workers=0)
+    text = grow.Growth(running, additions).plan().render()
+    assert "e2e1-controlplane-2 (10.5.21.4), e2e1-controlplane-3 (10.5.21.5), not joined yet" in text
+    assert "the running config with the node's hostname (controlplanes from e2e1-controlplane-1)" in text
+    assert "wait etcd member and API server on node 10.5.21.4" in text
+    assert "haproxy backends e2e1-controlplane-1, e2e1-controlplane-2, e2e1-controlplane-3" in text
+
+
+def test_a_role_the_cluster_has_no_node_of_is_refused(running: state.ClusterState) -> None:
+    running.nodes = [ONE_PLUS_ONE[0]]
+    additions = grow.plan_additions("e2e1", CIDR, running.nodes, controlplanes=0, workers=1)
+    with pytest.raises(PlanError, match="has no worker node to take the worker config from"):
+        grow.Growth(running, additions)
+
+
+def test_the_remove_plan_drains_moves_leadership_and_removes_the_member_first(
+    running: state.ClusterState,
+) -> None:
+    running.nodes = [*ONE_PLUS_ONE, _node("e2e1-controlplane-2", "controlplane", 3)]
+    steps = grow.Shrink(running, ["e2e1-controlplane-2"]).plan().steps
+    assert [(s.kind, s.component) for s in steps] == [
+        ("drain", "load balancer rotation"),
+        ("move", "etcd leadership"),
+        ("remove", "etcd member"),
+        ("delete", "Node object"),
+        ("stop", "node"),
+        ("update", "load balancer"),
+    ]
+    assert steps[2].target == "e2e1-controlplane-2, through e2e1-controlplane-1"
+    worker = grow.Shrink(running, ["e2e1-worker-1"]).plan().steps
+    assert [s.component for s in worker] == ["Node object", "node"]
+
+
+def test_removing_an_unknown_node_is_refused_listing_the_nodes(running: state.ClusterState) -> None:
+    with pytest.raises(
+        PlanError, match="has no node e2e1-controlplane-9; its nodes are e2e1-controlplane-1, e2e1-worker-1"
+    ):
+        grow.Shrink(running, ["e2e1-controlplane-9"])
