@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ipaddress
+import itertools
 import shutil
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -105,11 +106,10 @@ def plan_additions(
         additions += [
             Addition(n.name, n.role, n.index, n.ip, n.netns, n.host_veth, resumed=True) for n in pending
         ]
-        numbers = iter(range(1, 1000))
         for _ in range(count - len(pending)):
-            free = (f"{cluster}-{role}-{n}" for n in numbers)
-            name = next(candidate for candidate in free if candidate not in taken_names)
-            index = next(i for i in range(1, 1000) if i not in taken_indexes)
+            names = (f"{cluster}-{role}-{number}" for number in itertools.count(1))
+            name = next(candidate for candidate in names if candidate not in taken_names)
+            index = next(i for i in itertools.count(1) if i not in taken_indexes)
             if index + 1 >= network.num_addresses - 1:
                 raise PlanError(
                     f"the cluster network {cidr} has no free address left for {name}: remove nodes first"
