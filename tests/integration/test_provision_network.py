@@ -170,6 +170,36 @@ def test_network_connects_nodes_and_host_and_destroys_cleanly(cluster: Cluster) 
     print(f"\nnetwork with 2 nodes: create {created:.2f}s, destroy {destroyed:.2f}s")
 
 
+def test_a_node_added_to_a_running_network_and_removed_again(cluster: Cluster) -> None:
+    """What `cluster add` / `cluster remove` do to the network: one more namespace on the same
+    bridge (the creation's code, with a plan of just that node), then only that one removed."""
+    create_network(cluster)
+    cp1, cp2 = cluster.plan.nodes
+    extra = netns.NodeAddress(
+        name="cp3",
+        index=3,
+        ip=str(cluster.plan.cidr[4]),
+        netns=netns.netns_name(cluster.plan.cluster, "cp3"),
+        host_veth=netns.veth_name(cluster.plan.cluster, 3),
+    )
+    netns.create(dataclasses.replace(cluster.plan, nodes=(extra,), routes=()), cluster.state)
+    netns.wait_reachable(extra.ip, netns=cp1.netns)
+    netns.wait_reachable(cp2.ip, netns=extra.netns)
+    assert cluster.state.network is not None
+    assert cluster.state.network.netns == [cp1.netns, cp2.netns, extra.netns]
+
+    node = cluster.state.node("cp3")
+    netns.remove_node(cluster.state, node)
+    netns.remove_node(cluster.state, node)  # safe twice
+    assert not netns.netns_exists(extra.netns)
+    assert netns.link_info(extra.host_veth) is None
+    loaded = state.ClusterState.load(cluster.plan.cluster)
+    assert loaded.network is not None
+    assert loaded.network.netns == [cp1.netns, cp2.netns]
+    assert loaded.network.links == [cp1.host_veth, cp2.host_veth]
+    netns.wait_reachable(cp2.ip, netns=cp1.netns)
+
+
 def test_haproxy_balances_checks_and_drains_control_plane_nodes(cluster: Cluster, tmp_path: Path) -> None:
     create_network(cluster)
     ca = pki.new_ca("kpt-ca")

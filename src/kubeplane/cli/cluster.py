@@ -1,4 +1,4 @@
-"""Local cluster commands: ``cluster create|destroy|show`` and ``images``.
+"""Local cluster commands: ``cluster create|add|remove|destroy|show`` and ``images``.
 
 ``cluster create`` plans and checks everything first (nothing on the host changes when the name,
 CIDR, toolchain or a config patch is wrong), then runs the plan of
@@ -7,6 +7,12 @@ for the cluster to be healthy with the checks of :mod:`kubeplane.ops.health`, th
 executor and progress display (:mod:`kubeplane.cli.progress`); ``--dry-run`` prints that plan.
 A failure names the step or check and where to look; the half-made cluster stays for inspection
 and the resume command destroys it and creates it again.
+
+``cluster add`` and ``cluster remove`` grow and shrink a running cluster
+(:mod:`kubeplane.provision.grow`) through the same executor and display, each followed by the
+same health wait; ``--dry-run`` prints the plan, ``-o yaml|json`` prints the resulting nodes.
+A removal that would break etcd quorum or remove the last control plane node is refused before
+anything changes.
 
 ``images`` prints the images nodes pull for a Kubernetes version (or a machine config), one per
 line, for the air-gapped guide's ``for image in $(kubeplane images) ...`` loops.
@@ -21,8 +27,9 @@ import ipaddress
 import json
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 import yaml
@@ -37,7 +44,7 @@ from kubeplane.config import generate as gen
 from kubeplane.ops import convert, health
 from kubeplane.provision import cluster as cluster_mod
 from kubeplane.provision import create as create_mod
-from kubeplane.provision import netns, planning, state, teardown, toolchain
+from kubeplane.provision import grow, netns, planning, state, teardown, toolchain
 
 
 def register(group: click.Group) -> None:
@@ -274,6 +281,10 @@ def show(*, name: str, fmt: output.Format) -> None:
     except state.StateError as exc:
         known = ", ".join(cluster_mod.list_clusters()) or "none"
         raise click.ClickException(f"{exc} (local clusters: {known})") from exc
+    _print_cluster(document, fmt)
+
+
+def _print_cluster(document: dict[str, Any], fmt: output.Format) -> None:
     if fmt == "json":
         click.echo(json.dumps(document))
     elif fmt == "yaml":
@@ -282,6 +293,148 @@ def show(*, name: str, fmt: output.Format) -> None:
         click.echo(f"cluster: {document['name']}\nendpoint: {document['endpoint']}\n")
         rows = [[n["name"], n["role"], n["ip"], n["agent"]] for n in document["nodes"]]
         click.echo(output.table(["NAME", "ROLE", "IP", "AGENT"], rows), nl=False)
+
+
+def _load(name: str) -> state.ClusterState:
+    try:
+        netns.validate_cluster_name(name)
+        return state.ClusterState.load(name)
+    except (state.StateError, netns.NetworkError) as exc:
+        known = ", ".join(cluster_mod.list_clusters()) or "none"
+        raise click.ClickException(f"{exc} (local clusters: {known})") from exc
+
+
+def _run_resizing(
+    steps: plan_module.Plan,
+    run: Callable[[plan_module.Step], Awaitable[plan_module.Outcome]],
+    *,
+    cluster: state.ClusterState,
+    shown: plan_module.Progress,
+    wait: bool,
+    wait_timeout: str,
+    dry_run: bool,
+    resume: str,
+) -> bool:
+    """Run the plan of an add or remove, then wait for health; with ``dry_run`` print it and
+    return False."""
+    waiting: plan_module.Step | None = None
+    if wait:
+        waiting = plan_module.Step("wait", "cluster health", "", "", f"every health check, {wait_timeout}")
+        steps = dataclasses.replace(steps, steps=(*steps.steps, waiting))
+    if dry_run:
+        click.echo(steps.render())
+        click.echo("dry run: nothing was changed")
+        return False
+    timeout = output.parse_duration(wait_timeout)
+
+    async def run_step(step: plan_module.Step) -> plan_module.Outcome:
+        if step is not waiting:
+            return await run(step)
+        access = grow.cluster_access(state.ClusterState.load(cluster.name))
+        results = await asyncio.to_thread(wait_healthy, access, timeout=timeout, report=shown)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise cluster_mod.CreateError(
+                f"cluster {cluster.name!r} is not healthy after {wait_timeout}: {failed[0].name} failed; "
+                f"node logs are under {cluster.directory}/nodes/<node>/var/log/kubeplane/; "
+                "`kubeplane health` checks again"
+            )
+        return plan_module.CHANGED
+
+    try:
+        asyncio.run(plan_module.execute(steps, run_step, progress=shown, resume=resume))
+    except plan_module.StepFailed as exc:
+        raise click.ClickException(str(exc)) from exc
+    return True
+
+
+@cluster.command()
+@click.option("--name", default=cluster_mod.DEFAULT_NAME, show_default=True, help="Cluster name.")
+@click.option("--controlplanes", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--workers", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until the cluster is healthy.")
+@click.option("--wait-timeout", default="10m", show_default=True, help="How long to wait for health.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+@output.output_option
+def add(
+    *,
+    name: str,
+    controlplanes: int,
+    workers: int,
+    wait: bool,
+    wait_timeout: str,
+    dry_run: bool,
+    fmt: output.Format,
+) -> None:
+    """Add control plane and/or worker nodes to a running local cluster.
+
+    New nodes take the next free names and addresses and the running config of a node of their
+    role; new control plane nodes join etcd and enter the load balancer once they serve. A re-run
+    after a failure finishes the nodes the failed run recorded; `cluster remove` takes them away.
+    """
+    cluster_state = _load(name)
+    try:
+        network = cluster_state.network
+        if network is None:
+            raise cluster_mod.PlanError(f"cluster {name!r} has no network recorded: destroy and create it")
+        additions = grow.plan_additions(
+            name, network.cidr, cluster_state.nodes, controlplanes=controlplanes, workers=workers
+        )
+        with progress.display() as shown:
+            growth = grow.Growth(
+                cluster_state, additions, progress=shown, step_timeout=output.parse_duration(wait_timeout)
+            )
+            done = _run_resizing(
+                growth.plan(),
+                growth.run_step,
+                cluster=cluster_state,
+                shown=shown,
+                wait=wait,
+                wait_timeout=wait_timeout,
+                dry_run=dry_run,
+                resume=shlex.join(["kubeplane", *sys.argv[1:]]),
+            )
+    except cluster_mod.ClusterError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if done:
+        _print_cluster(cluster_mod.show(name), fmt)
+
+
+@cluster.command()
+@click.option("--name", default=cluster_mod.DEFAULT_NAME, show_default=True, help="Cluster name.")
+@click.argument("nodes", nargs=-1, required=True)
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until the cluster is healthy.")
+@click.option("--wait-timeout", default="10m", show_default=True, help="How long to wait for health.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+@output.output_option
+def remove(
+    *, name: str, nodes: tuple[str, ...], wait: bool, wait_timeout: str, dry_run: bool, fmt: output.Format
+) -> None:
+    """Remove the nodes NODES (names from `cluster show`) from a running local cluster.
+
+    A control plane node leaves the load balancer, hands over etcd leadership and has its etcd
+    member removed first; refused, changing nothing, when that would leave the healthy etcd members
+    below quorum or no control plane node at all.
+    """
+    cluster_state = _load(name)
+    try:
+        with progress.display() as shown:
+            shrink = grow.Shrink(cluster_state, nodes, progress=shown)
+            shrink.check()
+            done = _run_resizing(
+                shrink.plan(),
+                shrink.run_step,
+                cluster=cluster_state,
+                shown=shown,
+                wait=wait,
+                wait_timeout=wait_timeout,
+                dry_run=dry_run,
+                resume=shlex.join(["kubeplane", *sys.argv[1:]]),
+            )
+    except cluster_mod.ClusterError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if done:
+        _print_cluster(cluster_mod.show(name), fmt)
 
 
 @click.command()

@@ -1,12 +1,14 @@
 """Local clusters (``kubeplane cluster ...``): names, errors, the cluster directory, ``show``.
 
-A local cluster is made by four modules, each one job:
+A local cluster is made by these modules, each one job:
 
 - :mod:`kubeplane.provision.planning`: :func:`~kubeplane.provision.planning.plan` (pure: names,
   addresses, the generated PKI and one validated machine config per node);
 - :mod:`kubeplane.provision.create`: :func:`~kubeplane.provision.create.preflight` (only *reads*
   the host) and :class:`~kubeplane.provision.create.Creation` (a plan for the one executor, each
   step recorded in the cluster state before it acts);
+- :mod:`kubeplane.provision.grow`: ``cluster add`` / ``cluster remove`` on a running cluster,
+  with the creation's steps for new nodes;
 - :mod:`kubeplane.provision.teardown`: :func:`~kubeplane.provision.teardown.destroy`, which
   undoes a half-made cluster as well as a whole one, and is safe to repeat;
 - :mod:`kubeplane.provision.leftovers`: finding and killing what a node left running (by network

@@ -344,13 +344,13 @@ class Creation:
         command = agent_command()
         members = [node for node in self.cluster_plan.nodes if node.role == role]
         for node in members:
-            _start_agent(self.cluster, node, command=command)
+            start_agent(self.cluster, node, command=command)
         for node in members:
-            _wait_maintenance(self.cluster.node(node.name), timeout=self.step_timeout)
+            wait_maintenance(self.cluster.node(node.name), timeout=self.step_timeout)
 
     def _configs(self) -> None:
         for node in self.cluster_plan.nodes:
-            _apply(self.cluster.node(node.name), node.config, timeout=self.step_timeout)
+            apply_config(self.cluster.node(node.name), node.config, timeout=self.step_timeout)
 
     def _bootstrap(self) -> None:
         first = self.cluster.node(self.cluster_plan.controlplanes[0].name)
@@ -390,7 +390,10 @@ def _without(config: client_config.ClientConfig, name: str) -> client_config.Cli
     return client_config.remove_context(config, name) if name in config.contexts else config
 
 
-def _start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Sequence[str]) -> None:
+def start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Sequence[str]) -> None:
+    """Start ``kubeplaned`` for the recorded node ``node`` in its namespace (a machine over its own
+    directory), recording its directory, cgroups and process first; nothing if it already runs.
+    ``cluster add`` starts its nodes with this too."""
     record = cluster.node(node.name)
     root = node_root(cluster.directory, node.name)
     root.mkdir(parents=True, exist_ok=True)
@@ -418,7 +421,9 @@ def _start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Se
     cluster.save()
 
 
-def _wait_maintenance(node: state_mod.NodeState, *, timeout: float) -> None:
+def wait_maintenance(node: state_mod.NodeState, *, timeout: float) -> None:
+    """Wait until the node's agent answers (insecure: it has no config yet); fail if it exited."""
+
     async def version() -> object:
         async with api.NodeClient.insecure([node.ip], timeout=5.0) as client:
             return (await client.version())[0].unwrap()
@@ -439,7 +444,9 @@ def _wait_maintenance(node: state_mod.NodeState, *, timeout: float) -> None:
     )
 
 
-def _apply(node: state_mod.NodeState, text: str, *, timeout: float) -> None:
+def apply_config(node: state_mod.NodeState, text: str, *, timeout: float) -> None:
+    """Apply machine config ``text`` to the node in maintenance mode (insecure), retried."""
+
     async def apply() -> object:
         async with api.NodeClient.insecure([node.ip], timeout=30.0) as client:
             return (await client.apply_configuration(text, mode="reboot"))[0].unwrap()

@@ -3,7 +3,9 @@
 :func:`render_config` writes a TCP proxy from ``HOST:6443`` to every control plane node's
 ``:6443``, health-checked the way the HA guide recommends: an HTTPS ``GET /readyz`` expecting
 200 (``check check-ssl verify none inter 1s fall 2 rise 1``), so a node whose API server is not
-ready leaves the rotation within two seconds and returns after one good check.
+ready leaves the rotation within two seconds and returns after one good check. Within those two
+seconds a connection the node refuses is redispatched to another node (``retries 3``, ``option
+redispatch``), so a node that stops does not fail new connections.
 
 How haproxy runs (and why): in the foreground in master-worker mode (``haproxy -W -db -f CFG
 -p PIDFILE``), started by :mod:`~kubeplane.provision.hostproc` in its own session. The master
@@ -125,6 +127,10 @@ defaults
     timeout tunnel 1h
     timeout check 2s
     default-server inter 1s fall 2 rise 1
+    # A connection refused by a node that just went down (before two checks failed) is retried
+    # once more on another node instead of reaching the client as a failure.
+    retries 3
+    option redispatch
 
 frontend {FRONTEND}
     bind {bind_address}:{port}

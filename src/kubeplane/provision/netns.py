@@ -377,6 +377,27 @@ def _create_node(
     ip("-n", node.netns, "route", "replace", "default", "via", network_plan.host_ip)
 
 
+def remove_node(cluster: state_mod.ClusterState, node: state_mod.NodeState) -> None:
+    """Delete one node's veth and namespace (``cluster remove``), as :func:`destroy` does for all.
+
+    The node's processes must be stopped first. Safe to repeat: what is gone is skipped.
+    """
+    net = cluster.network
+    if net is None:
+        return
+    if node.host_veth in net.links:
+        info = link_info(node.host_veth)
+        if info is not None and info.get("ifalias") in (link_alias(cluster.name), None):
+            ip("link", "del", "dev", node.host_veth, check=False)
+        net.links.remove(node.host_veth)
+        cluster.save()
+    if node.netns in net.netns:
+        if netns_exists(node.netns):
+            ip("netns", "del", node.netns)
+        net.netns.remove(node.netns)
+        cluster.save()
+
+
 def destroy(cluster: state_mod.ClusterState) -> None:
     """Delete exactly the links, namespaces and bridge the state records; safe to run twice.
 

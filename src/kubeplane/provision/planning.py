@@ -224,7 +224,7 @@ def plan(
             role=roles[address.name],
             ip=address.ip,
             netns=address.netns,
-            config=_node_config(
+            config=node_config(
                 role_documents[roles[address.name]],
                 hostname=address.name,
                 interfaces=[tunnels[address.name]] if address.name in tunnels else [],
@@ -304,7 +304,7 @@ def wireguard_interfaces(
     return interfaces
 
 
-def _node_config(
+def node_config(
     document: gen.Document, *, hostname: str, interfaces: Sequence[dict[str, object]] = ()
 ) -> str:
     """The node's config: its role's document with its hostname and ``interfaces`` added to the

@@ -71,6 +71,9 @@ class NodeState:
     root_dir: str = ""
     processes: dict[str, hostproc.ProcessRecord] = dataclasses.field(default_factory=dict)
     cgroups: list[str] = dataclasses.field(default_factory=list)
+    #: False while ``cluster add`` is still making the node (a re-run of the add finishes it,
+    #: ``cluster remove`` takes it away); nodes made by ``cluster create`` are always True.
+    joined: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -94,6 +97,7 @@ class NodeState:
                 key: hostproc.ProcessRecord.from_dict(rec) for key, rec in data.get("processes", {}).items()
             },
             cgroups=[str(path) for path in data.get("cgroups", [])],
+            joined=bool(data.get("joined", True)),
         )
 
 

@@ -83,7 +83,8 @@ def destroy(
 
 
 def _cp_ips(cluster: state_mod.ClusterState) -> tuple[str, ...]:
-    return tuple(node.ip for node in cluster.nodes if node.role == "controlplane")
+    # Joined nodes only: a failed `cluster add` recorded nodes the context does not list yet.
+    return tuple(node.ip for node in cluster.nodes if node.role == "controlplane" and node.joined)
 
 
 def _remove_context(path: Path, name: str, *, endpoint_ips: tuple[str, ...]) -> None:
