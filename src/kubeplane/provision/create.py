@@ -74,6 +74,13 @@ HOST_TOOLS = {
 }
 #: What the nodes run for ``--wireguard-cidr`` (this kernel has no wireguard module).
 WIREGUARD_TOOLS = {"wireguard-go": "wireguard-go"}
+#: The environment a local node's agent adds to the host's, which its services inherit. A local
+#: node is no cloud machine: kubelet v1.20's built-in ECR credential provider would otherwise
+#: ask the EC2 metadata address for credentials at every kubelet start and wait about 6 s for an
+#: answer that never comes from a node's network namespace (the kubelet's log shows
+#: ``aws_credentials.go: while getting AWS credentials``). Local nodes pull through the cluster's
+#: registry only; ``machine.env`` still replaces this for a node that wants otherwise.
+NODE_ENV = {"AWS_EC2_METADATA_DISABLED": "true"}
 
 
 def agent_command() -> list[str]:
@@ -414,6 +421,7 @@ def _start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Se
         name=f"{AGENT} {node.name}",
         log=cluster.directory / "logs" / f"{node.name}.log",
         netns=node.netns,
+        env=NODE_ENV,
     )
     cluster.save()
 
