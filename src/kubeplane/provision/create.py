@@ -8,7 +8,9 @@ with. Every step records what it makes in the cluster state before it acts, so
 
 ``write cluster state`` (metadata and the secrets bundle) → ``create network`` → ``start load
 balancer`` → ``start registry`` (seeded with the images of every complete toolchain build in the
-cache, so an upgrade to another cached version pulls through it) → ``start master nodes`` /
+cache, so an upgrade to another cached version pulls through it; its storage starts as a copy of
+the last seeded one kept in the cache, :data:`REGISTRY_SEED`, so the pushes mostly find their
+image present) → ``start master nodes`` /
 ``start worker nodes`` (one ``kubeplaned`` per node in its network namespace, in maintenance mode,
 each waited for) → ``apply configs`` (insecure apply) → ``bootstrap etcd`` (the first control plane
 node founds etcd) → ``write client config and kubeconfig``. Waiting for health is a step the
@@ -72,6 +74,9 @@ HOST_TOOLS = {
     "containerd": "containerd",
     "nsenter": "util-linux",
 }
+#: The copy of a seeded registry's storage in the toolchain cache that the next cluster's registry
+#: starts from (:func:`kubeplane.provision.registry.restore_storage`).
+REGISTRY_SEED = "registry-storage"
 #: What the nodes run for ``--wireguard-cidr`` (this kernel has no wireguard module).
 WIREGUARD_TOOLS = {"wireguard-go": "wireguard-go"}
 #: The environment a local node's agent adds to the host's, which its services inherit. A local
@@ -319,20 +324,25 @@ class Creation:
             directory=cluster.directory / "registry", address=self.cluster_plan.network.host_ip
         )
         cluster.dirs["registry"] = str(registry.directory)
+        cache = self.toolchain_paths.root.parent.parent
+        seed = cache / REGISTRY_SEED
+        restored = registry_mod.restore_storage(seed, registry.storage)
         cluster.processes["registry"] = registry.start()
         cluster.save()
         log = cluster.directory / "logs" / "registry-seed.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        pushed_any = False
         with log.open("a") as out:
+            out.write(f"storage {'restored from' if restored else 'empty, no copy of'} {seed}\n")
             for paths in registry_toolchains(self.toolchain_paths):
                 for name, tar in paths.images.items():
                     ref = paths.image_ref(name)
                     pushed = registry.push(tar, ref)
+                    pushed_any |= pushed
                     out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
             # kubeplane's own images and the workload images (`kubectl run --image=busybox`, an
             # agnhost echo server pull offline) live in the same cache as the toolchain build;
             # each is built here if the cache lacks it. Every cluster runs the DNS add-on's image.
-            cache = self.toolchain_paths.root.parent.parent
             own: list[python_image.Builder] = [dns_image.Builder(cache)]
             if self.cluster_plan.request.self_hosted:
                 own.append(checkpointer_image.Builder(cache))
@@ -345,7 +355,15 @@ class Creation:
             for archive, refs in pushes:
                 for ref in refs:
                     pushed = registry.push(archive, ref)
+                    pushed_any |= pushed
                     out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
+        if pushed_any:
+            # The next cluster starts from this storage. Only a speed-up: without it (a cache
+            # that is not writable), every create pushes as before.
+            try:
+                registry_mod.save_storage(registry.storage, seed)
+            except OSError as exc:
+                self.progress.info(f"could not keep a copy of the registry storage in {seed}: {exc}")
 
     def _nodes(self, role: str) -> None:
         command = agent_command()
