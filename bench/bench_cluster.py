@@ -18,8 +18,8 @@ so a slow create shows where its time went. The marks come from what is observab
   (``/readyz`` through the load balancer), ``kubelet certs issued`` (a signed kubelet client CSR per
   node), ``nodes registered``, ``nodes Ready``, ``control plane pods Ready`` and ``DNS endpoint
   ready``;
-- a DNS query for ``kubernetes.default`` sent to the cluster DNS Service from the worker's network
-  namespace: ``DNS answering``;
+- a DNS query for ``kubernetes.default`` sent to the cluster DNS Service from this host (a local
+  cluster's Service subnet is routed to it): ``DNS answering``;
 - ``healthy``: the create command returned.
 
 Runs as root with the toolchain built; state and client config go to a temporary directory.
@@ -85,7 +85,7 @@ LOG_PHASES = {
     "service etcd: [Running] Health check successful": "etcd healthy",
     "KubeletStaticPodController: wrote static pod": "static pods written",
 }
-#: The query of ``DNS answering``, run with the Python of this benchmark in a node's namespace.
+#: The query of ``DNS answering``, run with the Python of this benchmark.
 DNS_PROBE = """
 import sys, time, dns.message, dns.query, dns.rcode
 query = dns.message.make_query("kubernetes.default.svc.cluster.local", "A")
@@ -202,8 +202,9 @@ async def _dns_endpoint(api: kube.KubeClient) -> bool:
     return any(subset.get("addresses") for subset in (endpoints or {}).get("subsets") or ())
 
 
-def probe_dns(name: str, root: Path, kubeconfig: Path, marks: Marks, stop: threading.Event) -> None:
-    """Once the kube-dns Service exists, query it from the last node's namespace until it answers."""
+def probe_dns(kubeconfig: Path, marks: Marks, stop: threading.Event) -> None:
+    """Once the kube-dns Service exists, query it from this host (which routes the cluster's
+    Service subnet to it) until it answers."""
     address = None
     while not stop.is_set() and address is None:
         time.sleep(POLL)
@@ -215,8 +216,7 @@ def probe_dns(name: str, root: Path, kubeconfig: Path, marks: Marks, stop: threa
             address = (service or {}).get("spec", {}).get("clusterIP")
     if address is None:
         return
-    netns = state.ClusterState.load(name, root=root).nodes[-1].netns
-    argv = ["ip", "netns", "exec", netns, sys.executable, "-c", DNS_PROBE, address, str(POLL)]
+    argv = [sys.executable, "-c", DNS_PROBE, address, str(POLL)]
     with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as probe:
         while probe.poll() is None and not stop.is_set():
             time.sleep(POLL)
@@ -287,7 +287,7 @@ def create(env: dict[str, str], *, name: str, cidr: str, controlplanes: int, wor
                     target=poll_cluster,
                     args=(kubeconfig, controlplanes + workers, controlplanes, marks, stop),
                 ),
-                threading.Thread(target=probe_dns, args=(name, root, kubeconfig, marks, stop)),
+                threading.Thread(target=probe_dns, args=(kubeconfig, marks, stop)),
             ]
             for thread in threads:
                 thread.start()
