@@ -36,6 +36,7 @@ import datetime
 import fcntl
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -268,8 +269,11 @@ def cluster_rss_mib(name: str, root: Path) -> float:
     return sum(rss_kib(pid) for pid in pids) / 1024
 
 
-def create(env: dict[str, str], *, name: str, cidr: str, controlplanes: int, workers: int) -> Marks | None:
-    """One create with its phase marks (None when it failed); destroys the cluster after."""
+def create(
+    env: dict[str, str], *, name: str, cidr: str, controlplanes: int, workers: int, keep_logs: Path | None
+) -> Marks | None:
+    """One create with its phase marks (None when it failed); destroys the cluster after, having
+    copied its logs (the agents' and every node's services') below ``keep_logs`` if given."""
     label = f"{controlplanes}+{workers}"
     root = Path(env["KUBEPLANE_STATE"])
     args = ["cluster", "create", "--name", name, "--cidr", cidr]
@@ -313,11 +317,22 @@ def create(env: dict[str, str], *, name: str, cidr: str, controlplanes: int, wor
         return marks
     finally:
         stop.set()
+        if keep_logs is not None and cluster_mod.exists(name, state_root=root):
+            copy_logs(root / name, keep_logs / f"{name}-{time.strftime('%H%M%S')}")
         elapsed, result = kubeplane(env, "cluster", "destroy", "--name", name)
         print(
             f"{label}: destroy {elapsed:.1f}s"
             + ("" if result.returncode == 0 else f" FAILED: {result.stderr}")
         )
+
+
+def copy_logs(cluster: Path, target: Path) -> None:
+    """The cluster's own logs and each node's ``var/log/kubeplane`` (kubelet, containerd, etcd...)."""
+    shutil.copytree(cluster / "logs", target)
+    for node in (cluster / "nodes").iterdir():
+        logs = node / "var/log/kubeplane"
+        if logs.is_dir():
+            shutil.copytree(logs, target / node.name)
 
 
 def report(label: str, runs: list[Marks]) -> None:
@@ -360,6 +375,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1+1,3+1", help="comma-separated, of: " + ", ".join(SIZES))
     parser.add_argument("--repeat", type=int, default=1, help="creates per size (the median is reported)")
+    parser.add_argument("--keep-logs", type=Path, help="copy each cluster's logs below this directory")
     parser.add_argument(
         "--lock", type=Path, help="a file to hold a lock on (flock) during each create and destroy"
     )
@@ -371,7 +387,14 @@ def main() -> None:
             runs = []
             for _ in range(options.repeat):
                 with held(options.lock):
-                    marks = create(env, name=name, cidr=cidr, controlplanes=controlplanes, workers=workers)
+                    marks = create(
+                        env,
+                        name=name,
+                        cidr=cidr,
+                        controlplanes=controlplanes,
+                        workers=workers,
+                        keep_logs=options.keep_logs,
+                    )
                 if marks is not None:
                     runs.append(marks)
             if runs:
