@@ -9,7 +9,7 @@ with. Every step records what it makes in the cluster state before it acts, so
 ``write cluster state`` (metadata and the secrets bundle) → ``create network`` → ``start load
 balancer`` → ``start registry`` (seeded with the images of every complete toolchain build in the
 cache, so an upgrade to another cached version pulls through it; its storage starts as a copy of
-the last seeded one kept in the cache, :data:`REGISTRY_SEED`, so the pushes mostly find their
+the last seeded one kept in the cache (``registry-storage``), so the pushes mostly find their
 image present) → ``start master nodes`` /
 ``start worker nodes`` (one ``kubeplaned`` per node in its network namespace, in maintenance mode,
 each waited for) → ``apply configs`` (insecure apply) → ``bootstrap etcd`` (the first control plane
@@ -38,6 +38,7 @@ from kubeplane import plan as plan_module
 from kubeplane.agent import owned
 from kubeplane.agent import services as agent_services
 from kubeplane.config import client as client_config
+from kubeplane.config import toolchain_cache
 from kubeplane.provision import (
     checkpointer_image,
     dns_image,
@@ -74,9 +75,6 @@ HOST_TOOLS = {
     "containerd": "containerd",
     "nsenter": "util-linux",
 }
-#: The copy of a seeded registry's storage in the toolchain cache that the next cluster's registry
-#: starts from (:func:`kubeplane.provision.registry.restore_storage`).
-REGISTRY_SEED = "registry-storage"
 #: What the nodes run for ``--wireguard-cidr`` (this kernel has no wireguard module).
 WIREGUARD_TOOLS = {"wireguard-go": "wireguard-go"}
 #: The environment a local node's agent adds to the host's, which its services inherit. A local
@@ -325,7 +323,7 @@ class Creation:
         )
         cluster.dirs["registry"] = str(registry.directory)
         cache = self.toolchain_paths.root.parent.parent
-        seed = cache / REGISTRY_SEED
+        seed = cache / toolchain_cache.REGISTRY_STORAGE_DIR
         restored = registry_mod.restore_storage(seed, registry.storage)
         cluster.processes["registry"] = registry.start()
         cluster.save()
