@@ -13,12 +13,16 @@ from a request, and status codes are gRPC's fixed set; so a caller cannot grow t
 
 from __future__ import annotations
 
+import socket
+import socketserver
 import threading
 from collections.abc import Iterable
-from wsgiref.simple_server import WSGIServer
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import prometheus_client
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.exposition import ThreadingWSGIServer
 
 #: Reconcile durations: most are milliseconds; an apply or a bootstrap step can take seconds.
 _SECONDS = (0.001, 0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 60.0)
@@ -130,7 +134,40 @@ class MetricsServer:
         self._thread.join(timeout=5)
 
 
+class _Server(ThreadingWSGIServer):
+    """:mod:`prometheus_client`'s threaded WSGI server, without naming itself by reverse DNS.
+
+    :meth:`http.server.HTTPServer.server_bind` sets the server name to ``socket.getfqdn(address)``,
+    a reverse lookup of the listen address. In a local node's network namespace the host's
+    resolver does not answer, so that lookup waited out its timeouts (10 s) before every agent
+    could serve anything, its node API included. The name only fills in WSGI's ``SERVER_NAME``:
+    the address does as well.
+    """
+
+    def server_bind(self) -> None:
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+        self.setup_environ()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per scrape on stderr (the agent's log)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
 def serve(host: str, port: int) -> MetricsServer:
     """Serve the registry as Prometheus text on ``http://host:port/metrics`` until stopped."""
-    server, thread = prometheus_client.start_http_server(port, addr=host)
+
+    class Server(_Server):
+        # The socket's family is a class attribute, read before binding: IPv6 for an IPv6 host.
+        address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+    server: WSGIServer = make_server(
+        host, port, prometheus_client.make_wsgi_app(), Server, handler_class=_QuietHandler
+    )
+    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+    thread.start()
     return MetricsServer(server, thread)

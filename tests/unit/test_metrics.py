@@ -9,7 +9,9 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -114,3 +116,19 @@ def test_the_supervisor_reports_the_state_and_counts_restarts(tmp_path: Path) ->
 
     asyncio.run(scenario())
     assert value("kubeplane_service_restarts_total", service=service) == restarts + 1
+
+
+def test_serving_does_not_look_up_the_listen_address_in_dns(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A local node's resolver does not answer: a reverse lookup held up every agent's start 10 s.
+    def no_dns(*_: object) -> str:
+        raise AssertionError("the metrics server asked DNS for its address's name")
+
+    monkeypatch.setattr(socket, "getfqdn", no_dns)
+    monkeypatch.setattr(socket, "gethostbyaddr", no_dns)
+    server = metrics.serve("127.0.0.1", 0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as reply:
+            assert reply.status == 200
+            assert b"kubeplane_controller_reconciles" in reply.read()
+    finally:
+        server.stop()

@@ -21,6 +21,15 @@ services made, and its cgroups: only what it owns, see :mod:`kubeplane.agent.own
   register with the master taint unless
   ``allowSchedulingOnMasters``; kubelet v1.20 may not set ``node-role.kubernetes.io/*`` labels
   on itself, so the agent adds them once the node registered. Healthy when ``:10248/healthz`` is.
+
+  The kubelet's first client certificate: kubelet v1.20 retries a failed TLS bootstrap after 2, 4,
+  8, 16 and 32 s, so a kubelet started long before the API server answers registers up to half a
+  minute after it could. A control plane node holds the cluster CA key, so the agent signs its
+  kubelet's first ``system:node:<name>`` client certificate itself into ``kubelet.conf``, as
+  ``kubeadm init`` does (the kubelet rotates it through CSRs later); the kubelet then registers
+  the moment the API server it runs answers. A worker has no CA key: its kubelet's pre state waits
+  (at most :data:`BOOTSTRAP_WAIT` seconds) until the control plane endpoint answers, so its first
+  bootstrap attempt is the one that succeeds. Both only when the kubelet has no credentials yet.
 - ``etcd`` on control plane nodes: :mod:`kubeplane.agent.etcd`.
 
 ``machine.env`` (the corporate proxy guide's ``http_proxy``, ``https_proxy``, ``no_proxy``) is
@@ -44,6 +53,7 @@ import json
 import logging
 import os
 import shutil
+import ssl
 import subprocess
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -70,6 +80,15 @@ READ_ONLY_PORT = 10255
 HEALTHZ_URL = "http://127.0.0.1:10248/healthz"
 CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 MASTER_TAINT = "node-role.kubernetes.io/master=:NoSchedule"
+#: The group and lifetime of the first kubelet client certificate a control plane node signs (the
+#: kube-controller-manager's default signing duration: what a CSR would have got).
+NODES_GROUP = "system:nodes"
+KUBELET_CLIENT_LIFETIME = datetime.timedelta(days=365)
+#: Seconds a worker's kubelet waits for the control plane endpoint before its TLS bootstrap; then
+#: it starts anyway (and its own retries and log take over).
+BOOTSTRAP_WAIT = 120.0
+#: Seconds between two looks at the control plane endpoint during that wait.
+BOOTSTRAP_POLL = 0.5
 #: Environment variable naming the toolchain cache (the same one :mod:`kubeplane.provision.toolchain` fills).
 CACHE_ENV = toolchain_cache.CACHE_ENV
 
@@ -568,6 +587,8 @@ class NodeServices:
                 "cluster.ca.crt is missing from the machine config: kubelet cannot trust the API server"
             )
         await asyncio.to_thread(self._kubelet_files, cluster.ca.crt_pem())
+        if not self.control_plane and not await asyncio.to_thread(self._kubelet_has_credentials):
+            await self._wait_for_endpoint(cluster.control_plane.endpoint, cluster.ca.crt_pem())
         if not self.mirrors():
             # No registry to pull through (an offline machine without the air-gapped setup): load
             # the images this node runs from the local toolchain cache instead.
@@ -577,9 +598,10 @@ class NodeServices:
             await self.image_loader(self.paths.containerd_socket, versions)
 
     def _kubelet_files(self, ca: bytes) -> None:
-        """The kubelet's directories, cgroup root, CA and bootstrap kubeconfig (blocking I/O: run in
-        a thread). The CNI config comes from the CNI: the host-gw controller writes it once the
-        node has a pod CIDR, flannel's DaemonSet writes its own."""
+        """The kubelet's directories, cgroup root, CA and bootstrap kubeconfig, and on a control plane
+        node its first kubeconfig (blocking I/O: run in a thread). The CNI config comes from the
+        CNI: the host-gw controller writes it once the node has a pod CIDR, flannel's DaemonSet
+        writes its own."""
         cluster = self.document.model.cluster
         paths = kubelet.KubeletPaths.under(self.paths.root)
         for directory in (paths.root_dir, paths.cert_dir, paths.pod_manifest_path, self.paths.cni_conf):
@@ -602,6 +624,54 @@ class NodeServices:
                 cluster_name=cluster.cluster_name or "kubernetes",
             ).encode(),
         )
+        signs = self.control_plane and cluster.ca is not None and bool(cluster.ca.key)
+        if signs and not self._kubelet_has_credentials():
+            _write_secret(paths.kubeconfig, self.kubelet_kubeconfig().encode())
+
+    def _kubelet_has_credentials(self) -> bool:
+        """Whether the kubelet has a kubeconfig of its own (signed here or written by its TLS
+        bootstrap) or a client certificate from a bootstrap or rotation."""
+        paths = kubelet.KubeletPaths.under(self.paths.root)
+        return paths.kubeconfig.exists() or (paths.cert_dir / "kubelet-client-current.pem").exists()
+
+    def kubelet_kubeconfig(self) -> str:
+        """The kubelet's kubeconfig with a ``system:node:<name>`` client certificate signed by the
+        cluster CA (control plane nodes: see the module docstring)."""
+        cluster = self.document.model.cluster
+        assert cluster.ca is not None and cluster.ca.key
+        authority = pki.CertKey(cert=cluster.ca.crt_pem(), key=cluster.ca.key_pem())
+        user = f"system:node:{self.name}"
+        client = pki.issue(
+            ca=authority,
+            common_name=user,
+            organizations=(NODES_GROUP,),
+            usages=("client",),
+            lifetime=KUBELET_CLIENT_LIFETIME,
+        )
+        return pki.kubeconfig(
+            cluster_name=cluster.cluster_name or "kubernetes",
+            server=cluster.control_plane.endpoint,
+            ca_cert=authority.cert,
+            user=user,
+            client=client,
+        )
+
+    async def _wait_for_endpoint(self, endpoint: str, ca: bytes) -> None:
+        """Until ``endpoint`` answers HTTPS (any status: the kubelet authenticates itself) or
+        refuses our CA (the kubelet's log then says so), at most :data:`BOOTSTRAP_WAIT` seconds."""
+        url = f"{endpoint.rstrip('/')}/version"
+        context = ssl.create_default_context(cadata=ca.decode())
+        deadline = asyncio.get_running_loop().time() + BOOTSTRAP_WAIT
+        async with httpx.AsyncClient(verify=context, timeout=2.0, trust_env=False) as http:
+            while True:
+                try:
+                    await http.get(url)
+                    return
+                except httpx.TransportError as exc:
+                    if _certificate_refused(exc) or asyncio.get_running_loop().time() > deadline:
+                        return
+                    log.debug("kubelet waits for %s before its TLS bootstrap: %s", endpoint, exc)
+                await asyncio.sleep(BOOTSTRAP_POLL)
 
     def mirrors(self) -> dict[str, list[str]]:
         """Registry mirror endpoints by registry host (``*`` for every registry)."""
@@ -660,6 +730,16 @@ class NodeServices:
             except Exception as exc:
                 log.debug("labelling node %s: %s", self.name, exc)
             await asyncio.sleep(5.0)
+
+
+def _certificate_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a failed certificate check."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _remove_cgroups(names: Sequence[str]) -> None:

@@ -10,6 +10,8 @@ them). Both take the paths from here::
       kubernetes/<version>/stamp.json          what was built, with checksums
       python-images/, workloads/               kubeplane's own images, built once per machine
                                                (kubeplane.provision.python_image, .workload_images)
+      registry-storage/                        the last seeded local registry's storage, which
+                                               the next one starts from (.provision.registry)
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 #: Environment variable that overrides the cache directory.
 CACHE_ENV = "KUBEPLANE_CACHE"
 DEFAULT_CACHE = Path("/var/cache/kubeplane")
+#: The copy of a seeded registry's storage that a new local cluster's registry starts from.
+REGISTRY_STORAGE_DIR = "registry-storage"
 #: Below a version's directory.
 BIN_DIR = "bin"
 IMAGES_DIR = "images"

@@ -8,7 +8,9 @@ with. Every step records what it makes in the cluster state before it acts, so
 
 ``write cluster state`` (metadata and the secrets bundle) → ``create network`` → ``start load
 balancer`` → ``start registry`` (seeded with the images of every complete toolchain build in the
-cache, so an upgrade to another cached version pulls through it) → ``start master nodes`` /
+cache, so an upgrade to another cached version pulls through it; its storage starts as a copy of
+the last seeded one kept in the cache (``registry-storage``), so the pushes mostly find their
+image present) → ``start master nodes`` /
 ``start worker nodes`` (one ``kubeplaned`` per node in its network namespace, in maintenance mode,
 each waited for) → ``apply configs`` (insecure apply) → ``bootstrap etcd`` (the first control plane
 node founds etcd) → ``write client config and kubeconfig``. Waiting for health is a step the
@@ -36,6 +38,7 @@ from kubeplane import plan as plan_module
 from kubeplane.agent import owned
 from kubeplane.agent import services as agent_services
 from kubeplane.config import client as client_config
+from kubeplane.config import toolchain_cache
 from kubeplane.provision import (
     checkpointer_image,
     dns_image,
@@ -74,6 +77,13 @@ HOST_TOOLS = {
 }
 #: What the nodes run for ``--wireguard-cidr`` (this kernel has no wireguard module).
 WIREGUARD_TOOLS = {"wireguard-go": "wireguard-go"}
+#: The environment a local node's agent adds to the host's, which its services inherit. A local
+#: node is no cloud machine: kubelet v1.20's built-in ECR credential provider would otherwise
+#: ask the EC2 metadata address for credentials at every kubelet start and wait about 6 s for an
+#: answer that never comes from a node's network namespace (the kubelet's log shows
+#: ``aws_credentials.go: while getting AWS credentials``). Local nodes pull through the cluster's
+#: registry only; ``machine.env`` still replaces this for a node that wants otherwise.
+NODE_ENV = {"AWS_EC2_METADATA_DISABLED": "true"}
 
 
 def agent_command() -> list[str]:
@@ -312,20 +322,25 @@ class Creation:
             directory=cluster.directory / "registry", address=self.cluster_plan.network.host_ip
         )
         cluster.dirs["registry"] = str(registry.directory)
+        cache = self.toolchain_paths.root.parent.parent
+        seed = cache / toolchain_cache.REGISTRY_STORAGE_DIR
+        restored = registry_mod.restore_storage(seed, registry.storage)
         cluster.processes["registry"] = registry.start()
         cluster.save()
         log = cluster.directory / "logs" / "registry-seed.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        pushed_any = False
         with log.open("a") as out:
+            out.write(f"storage {'restored from' if restored else 'empty, no copy of'} {seed}\n")
             for paths in registry_toolchains(self.toolchain_paths):
                 for name, tar in paths.images.items():
                     ref = paths.image_ref(name)
                     pushed = registry.push(tar, ref)
+                    pushed_any |= pushed
                     out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
             # kubeplane's own images and the workload images (`kubectl run --image=busybox`, an
             # agnhost echo server pull offline) live in the same cache as the toolchain build;
             # each is built here if the cache lacks it. Every cluster runs the DNS add-on's image.
-            cache = self.toolchain_paths.root.parent.parent
             own: list[python_image.Builder] = [dns_image.Builder(cache)]
             if self.cluster_plan.request.self_hosted:
                 own.append(checkpointer_image.Builder(cache))
@@ -338,7 +353,15 @@ class Creation:
             for archive, refs in pushes:
                 for ref in refs:
                     pushed = registry.push(archive, ref)
+                    pushed_any |= pushed
                     out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
+        if pushed_any:
+            # The next cluster starts from this storage. Only a speed-up: without it (a cache
+            # that is not writable), every create pushes as before.
+            try:
+                registry_mod.save_storage(registry.storage, seed)
+            except OSError as exc:
+                self.progress.info(f"could not keep a copy of the registry storage in {seed}: {exc}")
 
     def _nodes(self, role: str) -> None:
         command = agent_command()
@@ -417,6 +440,7 @@ def start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Seq
         name=f"{AGENT} {node.name}",
         log=cluster.directory / "logs" / f"{node.name}.log",
         netns=node.netns,
+        env=NODE_ENV,
     )
     cluster.save()
 

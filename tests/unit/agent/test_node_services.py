@@ -6,12 +6,15 @@ import asyncio
 import base64
 import copy
 import os
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from kubeplane import config, resources
 from kubeplane.agent import containers
@@ -283,3 +286,62 @@ def test_the_agents_own_pulls_run_with_machine_env(tmp_path: Path, monkeypatch: 
         line.split("=", 1) for line in (bin_dir / "pull.env").read_text().splitlines() if "=" in line
     )
     assert {name: recorded[name] for name in PROXY_ENV} == PROXY_ENV
+
+
+def _kubelet_files(services: agent_services.NodeServices, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agent_services.owned, "make_cgroup", lambda _: None)
+    services._kubelet_files(SECRETS.kubernetes_ca.cert)
+
+
+def test_a_control_plane_node_signs_its_kubelets_first_client_certificate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The kubelet then registers as soon as the API server answers, not after a bootstrap back-off.
+    services = node(tmp_path)
+    _kubelet_files(services, monkeypatch)
+    kubeconfig = tmp_path / "etc/kubernetes/kubelet.conf"
+    assert kubeconfig.stat().st_mode & 0o777 == 0o600
+    document = yaml.safe_load(kubeconfig.read_text())
+    assert document["clusters"][0]["cluster"]["server"] == "https://10.5.0.1:6443"
+    user = document["users"][0]["user"]
+    cert = x509.load_pem_x509_certificate(base64.b64decode(user["client-certificate-data"]))
+    assert cert.subject.rfc4514_string() == "CN=system:node:cp1,O=system:nodes"
+    assert cert.issuer == x509.load_pem_x509_certificate(SECRETS.kubernetes_ca.cert).subject
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usages) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    # Credentials the kubelet has (its own bootstrap's, or a rotated certificate) are never replaced.
+    kubeconfig.write_text("the kubelet's own")
+    _kubelet_files(services, monkeypatch)
+    assert kubeconfig.read_text() == "the kubelet's own"
+
+
+def test_a_workers_kubelet_gets_no_signed_certificate_and_waits_for_the_endpoint_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker = node(tmp_path, "worker")
+    _kubelet_files(worker, monkeypatch)
+    assert not (tmp_path / "etc/kubernetes/kubelet.conf").exists()
+    waited: list[str] = []
+
+    async def wait_for_endpoint(endpoint: str, ca: bytes) -> None:
+        waited.append(endpoint)
+
+    monkeypatch.setattr(worker, "_wait_for_endpoint", wait_for_endpoint)
+    monkeypatch.setattr(worker, "_require_socket_room", lambda _: None)
+    monkeypatch.setattr(worker, "_kubelet_files", lambda _: None)
+    asyncio.run(worker._kubelet_prepare())
+    assert waited == ["https://10.5.0.1:6443"]
+    # With credentials (a restart after its bootstrap) it starts at once.
+    (tmp_path / "var/lib/kubelet/pki/kubelet-client-current.pem").write_text("")
+    asyncio.run(worker._kubelet_prepare())
+    assert waited == ["https://10.5.0.1:6443"]
+
+
+def test_the_wait_for_the_endpoint_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agent_services, "BOOTSTRAP_WAIT", 0.3)
+    monkeypatch.setattr(agent_services, "BOOTSTRAP_POLL", 0.05)
+    worker = node(tmp_path, "worker")
+    started = time.monotonic()
+    # Nothing listens on port 1 of loopback: refused every time, until the wait gives up.
+    asyncio.run(worker._wait_for_endpoint("https://127.0.0.1:1", SECRETS.kubernetes_ca.cert))
+    assert 0.3 <= time.monotonic() - started < 5

@@ -93,3 +93,56 @@ def test_pulls_come_from_the_access_log_without_our_own_requests(tmp_path: Path)
     # A failed pull (404) is not a pull that went through the registry.
     assert registry.pulled_repositories(log) == {"pause"}
     assert registry.pulls(tmp_path / "missing.log") == []
+
+
+def _storage(root: Path) -> Path:
+    blob = root / registry.BLOBS / "sha256/ab/abcd/data"
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(b"layer")
+    link = root / "docker/registry/v2/repositories/pause/_manifests/tags/3.2/current/link"
+    link.parent.mkdir(parents=True)
+    link.write_text("sha256:abcd")
+    return root
+
+
+def test_a_saved_storage_is_restored_with_blobs_shared_and_links_copied(tmp_path: Path) -> None:
+    seeded = _storage(tmp_path / "cluster1")
+    seed = tmp_path / "cache/registry-storage"
+    registry.save_storage(seeded, seed)
+    storage = tmp_path / "cluster2/storage"
+    storage.mkdir(parents=True)  # what Registry.start leaves: an empty directory is restored into
+    assert registry.restore_storage(seed, storage)
+    blob = registry.BLOBS / "sha256/ab/abcd/data"
+    link = Path("docker/registry/v2/repositories/pause/_manifests/tags/3.2/current/link")
+    assert (storage / blob).read_bytes() == b"layer"
+    assert (storage / blob).stat().st_ino == (seed / blob).stat().st_ino
+    # The registry rewrites tag links in place: a cluster's rewrite must not reach the seed.
+    assert (storage / link).stat().st_ino != (seed / link).stat().st_ino
+    (storage / link).write_text("sha256:ffff")
+    assert (seed / link).read_text() == "sha256:abcd"
+    # A storage that holds anything is left alone; without a seed nothing is restored.
+    assert not registry.restore_storage(seed, storage)
+    assert not registry.restore_storage(tmp_path / "none", tmp_path / "cluster3/storage")
+
+
+def test_saving_replaces_the_seed_whole(tmp_path: Path) -> None:
+    seed = tmp_path / "cache/registry-storage"
+    registry.save_storage(_storage(tmp_path / "a"), seed)
+    newer = _storage(tmp_path / "b")
+    (newer / "docker/registry/v2/repositories/pause/_manifests/tags/3.2/current/link").write_text("new")
+    registry.save_storage(newer, seed)
+    assert sorted(p.name for p in seed.parent.iterdir()) == ["registry-storage"]
+    link = seed / "docker/registry/v2/repositories/pause/_manifests/tags/3.2/current/link"
+    assert link.read_text() == "new"
+
+
+def test_a_failed_restore_leaves_an_empty_storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seed = _storage(tmp_path / "seed")
+    storage = tmp_path / "cluster/storage"
+
+    def vanished(*_: object, **__: object) -> None:
+        raise FileNotFoundError("the seed was replaced meanwhile")
+
+    monkeypatch.setattr(registry.shutil, "copy2", vanished)
+    assert not registry.restore_storage(seed, storage)
+    assert storage.is_dir() and not any(storage.iterdir())
