@@ -30,6 +30,7 @@ MUTATIONS = {
     "service_control",
     "reboot",
     "reset",
+    "upgrade",
     "bootstrap",
     "etcd_leave",
     "etcd_remove_member",
@@ -162,6 +163,10 @@ class FakeNode:
     async def reset(self, *, graceful: bool, reboot: bool, wipe: str | None, dry_run: bool) -> dict[str, Any]:
         self._record("reset")
         return {"message": "reset"}
+
+    async def upgrade(self, *, path: str, stage: bool, preserve: bool | None, force: bool) -> dict[str, Any]:
+        self._record("upgrade")
+        return {"message": f"upgrade from {path}"}
 
     async def bootstrap(
         self,
@@ -337,6 +342,7 @@ async def every_call(c: api.NodeClient) -> dict[str, Callable[[], Awaitable[Any]
         "ServiceRestart": lambda: c.service_restart("etcd"),
         "Reboot": c.reboot,
         "Reset": lambda: c.reset(dry_run=True),
+        "Upgrade": lambda: c.upgrade(path="/var/lib/kubeplane/uploads/build", stage=True),
         "Bootstrap": c.bootstrap,
         "EtcdMembers": c.etcd_members,
         "EtcdLeave": c.etcd_leave,

@@ -235,6 +235,9 @@ class AgentBackend:
     async def reset(self, *, graceful: bool, reboot: bool, wipe: str | None, dry_run: bool) -> dict[str, Any]:
         return await self._node.reset(graceful=graceful, reboot=reboot, wipe=wipe, dry_run=dry_run)
 
+    async def upgrade(self, *, path: str, stage: bool, preserve: bool | None, force: bool) -> dict[str, Any]:
+        return await self._node.upgrade(path=path, stage=stage, preserve=preserve, force=force)
+
     # -- cluster formation and containers -------------------------------------------------
 
     async def bootstrap(

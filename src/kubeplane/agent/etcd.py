@@ -396,6 +396,20 @@ class EtcdMember:
                 raise EtcdRefused(f"refusing to leave etcd: {refusal}; pass --force to leave anyway")
         return ours.id
 
+    async def outage_plan(self) -> None:
+        """Check that this member may go down for a while (an agent upgrade keeping its data):
+        EtcdRefused naming the reason when etcd would lose its quorum meanwhile."""
+        async with self.client() as client:
+            members = await client.member_list()
+            ours = next((m for m in members if m.name == self.name), None)
+            if ours is None:
+                raise EtcdRefused(f"node {self.name} is not an etcd member")
+            refusal = etcd_rules.outage_refusal(
+                members, stopping=ours.id, healthy=await _healthy(client, members)
+            )
+        if refusal is not None:
+            raise EtcdRefused(f"refusing to stop etcd on {self.name}: {refusal}")
+
     async def remove_member(self, member: str) -> str:
         """Remove another member, by name or hex ID: the cleanup after a node was reset without
         leaving (``reset --graceful=false``) or was lost. Refused when it would cost the quorum."""

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import kubeplane
 from kubeplane import config, metrics
+from kubeplane.agent import upgrade
 from kubeplane.agent.node import Node
 from kubeplane.config.paths import NodePaths
 from kubeplane.runtime import LOGGER_NAME as CONTROLLER_RUNTIME
@@ -131,6 +134,11 @@ def run(argv: Sequence[str] | None = None) -> None:
     if root.exists() and not root.is_dir():
         parser.error(f"argument --root: directory {str(root)!r} is a file.")
     paths = NodePaths(root.resolve())
+    build = upgrade.startup_target(paths, dict(os.environ))
+    if build is not None:
+        # An upgrade staged (or done before this process started): run it, same PID and arguments.
+        print(f"kubeplaned: starting the active build {build.version} from {build.path}", file=sys.stderr)
+        upgrade.exec_into(build, list(argv) if argv is not None else sys.argv[1:])
     paths.logs.mkdir(parents=True, exist_ok=True)
     _setup_logging(paths, args.log_level)
     exporter = None

@@ -37,6 +37,7 @@ import logging
 import re
 import socket
 import struct
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,11 +45,13 @@ from typing import Any
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+import kubeplane
 from kubeplane import api, config, pki, resources
 from kubeplane.agent import containers as node_containers
 from kubeplane.agent import controllers, nodecert, selfhosted
 from kubeplane.agent import reset as node_reset
 from kubeplane.agent import services as node_services
+from kubeplane.agent import upgrade as node_upgrade
 from kubeplane.agent.backend import AgentBackend
 from kubeplane.agent.etcd import EtcdMember, EtcdRefused
 from kubeplane.agent.events import EventLog
@@ -753,20 +756,7 @@ class Node:
         except node_reset.UnknownLabel as exc:
             raise api.InvalidArgumentError(str(exc), fields=[("wipe", str(exc))]) from exc
         async with self._lock:
-            etcd = self.services.etcd if self.services is not None else None
-            member_id: int | None = None
-            if graceful and etcd is not None:
-                try:
-                    member_id = await etcd.leave_plan(force=False)
-                except EtcdRefused as exc:
-                    if "is not an etcd member" not in str(exc):
-                        message = f"refusing a graceful reset of {self.name}: {exc}"
-                        raise api.FailedPreconditionError(message) from exc
-                except client_errors.EtcdError as exc:
-                    raise api.UnavailableError(
-                        f"etcd on {self.name} does not answer ({exc}): a graceful reset must leave etcd "
-                        "first; reset with --graceful=false and remove the member from a healthy node after"
-                    ) from exc
+            member_id = await self._etcd_leave_plan("a graceful reset") if graceful else None
             summary = {
                 "hostname": self.name,
                 "leaves_etcd": member_id is not None,
@@ -776,15 +766,8 @@ class Node:
             if dry_run:
                 return {**summary, "message": f"dry run: {self._reset_text(summary)}"}
             self.events.emit("sequence", "reset", f"resetting: {self._reset_text(summary)}")
-            if etcd is not None and member_id is not None:
-                with contextlib.suppress(EtcdRefused, client_errors.EtcdError):
-                    log.info("reset: %s", await etcd.forfeit_leadership())
-                try:
-                    await etcd.remove_self(member_id)
-                except client_errors.EtcdError as exc:
-                    message = f"etcd on {self.name}: removing member {member_id:x}: {exc}"
-                    raise api.UnavailableError(message) from exc
-                log.info("reset: left etcd (member %x)", member_id)
+            if member_id is not None:
+                await self._leave_etcd(member_id)
             await self._halt()
             left = await asyncio.to_thread(node_reset.wipe, node_reset.directories(self.paths, labels))
             for message in left:
@@ -793,6 +776,130 @@ class Node:
         text = self._reset_text(summary)
         self.events.emit("sequence", "reset", f"reset done: {text}")
         return {**summary, "left": left, "message": f"node {self.name} reset: {text}"}
+
+    async def _etcd_leave_plan(self, what: str) -> int | None:
+        """This node's etcd member ID when it is one and may leave (None: not a member);
+        FailedPreconditionError naming ``what`` when leaving would cost etcd its quorum."""
+        etcd = self.services.etcd if self.services is not None else None
+        if etcd is None:
+            return None
+        try:
+            return await etcd.leave_plan(force=False)
+        except EtcdRefused as exc:
+            if "is not an etcd member" in str(exc):
+                return None
+            raise api.FailedPreconditionError(f"refusing {what} of {self.name}: {exc}") from exc
+        except client_errors.EtcdError as exc:
+            raise api.UnavailableError(
+                f"etcd on {self.name} does not answer ({exc}): {what} must leave etcd first; reset with "
+                "--graceful=false and remove the member from a healthy node after"
+            ) from exc
+
+    async def _leave_etcd(self, member_id: int) -> None:
+        """Move etcd leadership away, then remove this node's member (see :meth:`reset`)."""
+        etcd = self._etcd()
+        with contextlib.suppress(EtcdRefused, client_errors.EtcdError):
+            log.info("leaving etcd: %s", await etcd.forfeit_leadership())
+        try:
+            await etcd.remove_self(member_id)
+        except client_errors.EtcdError as exc:
+            message = f"etcd on {self.name}: removing member {member_id:x}: {exc}"
+            raise api.UnavailableError(message) from exc
+        log.info("left etcd (member %x)", member_id)
+
+    # -- agent upgrade ----------------------------------------------------------------------
+
+    async def upgrade(self, *, path: str, stage: bool, preserve: bool | None, force: bool) -> dict[str, Any]:
+        """Replace this agent with the build at ``path`` (see :mod:`kubeplane.agent.upgrade`).
+
+        The build is installed and checked first: a bad one is refused and nothing changes. With
+        ``stage`` it is only recorded, for the next start of the agent. Otherwise the etcd
+        member (if any) is checked: keeping the data (``preserve``, the default on a control
+        plane node) it must be able to go down without etcd losing its quorum; not keeping it,
+        it leaves etcd (as a graceful reset does) and the node's etcd, kubelet and containerd data
+        are wiped (its config stays: it rejoins). ``force`` skips the etcd check (a single
+        control plane node, whose cluster then stops for the restart). The reply comes before
+        the services stop and the agent re-execs itself, keeping its PID.
+        """
+        document = await asyncio.to_thread(self.store.current)
+        control_plane = document is not None and document.model.machine.is_control_plane
+        keep = control_plane if preserve is None else preserve
+        try:
+            source = node_upgrade.source_path(self.paths, path)
+        except node_upgrade.UpgradeRefused as exc:
+            raise api.InvalidArgumentError(str(exc), fields=[("path", str(exc))]) from exc
+        async with self._lock:
+            try:
+                build = await asyncio.to_thread(node_upgrade.install, self.paths, source)
+            except node_upgrade.UpgradeRefused as exc:
+                raise api.FailedPreconditionError(f"node {self.name}: {exc}; nothing was changed") from exc
+            summary: dict[str, Any] = {
+                "hostname": self.name,
+                "from": kubeplane.__version__,
+                "version": build.version,
+                "staged": stage,
+                "preserve": keep,
+            }
+            if stage:
+                await asyncio.to_thread(node_upgrade.record_active, self.paths, build)
+                self.events.emit(
+                    "sequence", "upgrade", f"staged kubeplaned {build.version} for the next start"
+                )
+                return {
+                    **summary,
+                    "message": f"node {self.name}: kubeplaned {build.version} runs from its next start",
+                }
+            member_id: int | None = None
+            etcd = self.services.etcd if self.services is not None else None
+            if etcd is not None and not force:
+                if keep:
+                    await self._etcd_outage_check(etcd)
+                else:
+                    member_id = await self._etcd_leave_plan("an upgrade without --preserve")
+            await asyncio.to_thread(node_upgrade.record_active, self.paths, build)
+            self.events.emit("sequence", "upgrade", f"upgrading kubeplaned to {build.version}")
+            if member_id is not None:
+                await self._leave_etcd(member_id)
+            elif etcd is not None:
+                with contextlib.suppress(EtcdRefused, client_errors.EtcdError):
+                    log.info("upgrade: %s", await etcd.forfeit_leadership())
+            if not keep:
+                await self._halt()
+                labels = [label for label in node_reset.WIPE_LABELS if label != "state"]
+                left = await asyncio.to_thread(node_reset.wipe, node_reset.directories(self.paths, labels))
+                for message in left:
+                    log.warning("upgrade: %s", message)
+        self._after_reply(functools.partial(self._restart_into, build))
+        kept = "keeping its data" if keep else "after wiping its etcd, kubelet and containerd data"
+        return {**summary, "message": f"node {self.name} restarts into kubeplaned {build.version}, {kept}"}
+
+    async def _etcd_outage_check(self, etcd: EtcdMember) -> None:
+        try:
+            await etcd.outage_plan()
+        except EtcdRefused as exc:
+            if "is not an etcd member" in str(exc):
+                return
+            raise api.FailedPreconditionError(f"refusing to upgrade {self.name}: {exc}") from exc
+        except client_errors.EtcdError as exc:
+            raise api.UnavailableError(
+                f"etcd on {self.name} does not answer ({exc}): cannot tell whether it may go down; "
+                "--force upgrades anyway"
+            ) from exc
+
+    async def _restart_into(self, build: node_upgrade.Build) -> None:
+        """Stop as a reboot does (services, controllers, trustd, the API), then exec the build."""
+        async with self._lock:
+            log.info("upgrade: stopping services and controllers, then exec into %s", build.path)
+            self.events.emit("sequence", "upgrade", f"restarting into kubeplaned {build.version}")
+            await self._halt()
+            if self._trustd is not None:
+                await self._trustd.stop()
+                self._trustd = None
+            if self._server is not None:
+                await self._server.stop(grace=1.0)
+                self._server = None
+            logging.shutdown()
+            node_upgrade.exec_into(build, sys.argv[1:])
 
     @staticmethod
     def _reset_text(summary: Mapping[str, Any]) -> str:

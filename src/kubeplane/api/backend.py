@@ -113,6 +113,15 @@ class NodeBackend(Protocol):
         stop; refused, changing nothing, when a graceful leave would cost etcd its quorum."""
         ...
 
+    async def upgrade(self, *, path: str, stage: bool, preserve: bool | None, force: bool) -> Document:
+        """Install the agent build at ``path`` (under the node's uploads directory), check it, and
+        restart into it (``stage``: at the agent's next start); ``preserve`` (None: on control plane
+        nodes) keeps the node's data, else it leaves etcd and wipes it first. A build that fails its
+        check is FailedPreconditionError, an etcd member that cannot go down without losing the
+        quorum too (unless ``force``); nothing changes in either case. Returns ``{"hostname",
+        "from", "version", "staged", "preserve", "message"}``, before the restart."""
+        ...
+
     async def bootstrap(
         self,
         *,

@@ -28,6 +28,8 @@ DEFAULT_TIMEOUT = 15.0
 APPLY_TIMEOUT = 60.0
 #: A reset leaves etcd and stops every service (containers killed) before it answers.
 RESET_TIMEOUT = 180.0
+#: An upgrade unpacks and checks the build (a fresh interpreter importing it), then may leave etcd.
+UPGRADE_TIMEOUT = 180.0
 
 
 @dataclass(frozen=True)
@@ -271,6 +273,16 @@ class NodeClient:
         if wipe is not None:
             params["wipe"] = wipe
         return await self.call("Reset", params, timeout=RESET_TIMEOUT)
+
+    async def upgrade(
+        self, *, path: str, stage: bool = False, preserve: bool | None = None, force: bool = False
+    ) -> list[Reply[wire.Document]]:
+        """Replace the agent with the build at ``path`` on the node (admin only); see
+        :meth:`kubeplane.agent.node.Node.upgrade`. It answers before the agent restarts."""
+        params: dict[str, Any] = {"path": path, "stage": stage, "force": force}
+        if preserve is not None:
+            params["preserve"] = preserve
+        return await self.call("Upgrade", params, timeout=UPGRADE_TIMEOUT)
 
     async def bootstrap(
         self,

@@ -337,6 +337,17 @@ CALLS: tuple[Call, ...] = (
         ),
         access="admin",
     ),
+    Call(
+        "Upgrade",
+        "upgrade",
+        params=(
+            Param("path", str, required=True),
+            Param("stage", bool, default=False),
+            Param("preserve", bool),
+            Param("force", bool, default=False),
+        ),
+        access="admin",
+    ),
     # Cluster formation (etcd, bootstrap) and the node's CRI containers.
     Call(
         "Bootstrap",

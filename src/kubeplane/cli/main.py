@@ -36,6 +36,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "kubeplane.cli.convert": ("convert-k8s",),
     "kubeplane.cli.certs": ("certs",),
     "kubeplane.cli.reset": ("reset",),
+    "kubeplane.cli.agentupgrade": ("upgrade",),
 }  # fmt: skip
 _FAMILY_OF = {command: family for family, commands in FAMILIES.items() for command in commands}
 

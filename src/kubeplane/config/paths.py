@@ -66,6 +66,23 @@ class NodePaths:
         return self.system / "machine-files.json"
 
     @property
+    def agent_uploads(self) -> Path:
+        """Where a build of the agent (a wheel or a directory) is put for ``kubeplane upgrade``;
+        the node refuses a build from anywhere else."""
+        return self.root / "var" / "lib" / "kubeplane" / "uploads"
+
+    @property
+    def agent_builds(self) -> Path:
+        """Agent builds installed by ``kubeplane upgrade``, one directory per version; outside
+        :attr:`system` so a reset's wipe of the state keeps the agent that runs."""
+        return self.root / "var" / "lib" / "kubeplane" / "agent"
+
+    @property
+    def active_build(self) -> Path:
+        """Which installed build the agent runs (absent: the one it was started with)."""
+        return self.agent_builds / "active.json"
+
+    @property
     def logs(self) -> Path:
         """One log file per service and per agent stream (``controller-runtime``, ``kubeplaned``)."""
         return self.root / "var" / "log" / "kubeplane"

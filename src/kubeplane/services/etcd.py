@@ -175,6 +175,28 @@ def leave_refusal(
     return None
 
 
+def outage_refusal(
+    members: Sequence[etcd_client.Member], *, stopping: int, healthy: Collection[int]
+) -> str | None:
+    """Why member ``stopping`` must not go down for a while (an agent upgrade keeping its data;
+    None: it is safe).
+
+    It stays a member, so the quorum is that of every voter; the voters that are still healthy
+    while it is down must reach it. A single member always fails this: its cluster stops.
+    """
+    if not any(m.id == stopping for m in members):
+        return f"member {stopping:x} is not in the cluster"
+    voters = [m for m in members if not m.is_learner]
+    alive = [m for m in voters if m.id != stopping and m.id in healthy]
+    needed = quorum(len(voters))
+    if len(alive) < needed:
+        return (
+            f"while it is down {len(alive)} of the {len(voters)} etcd voters would be healthy, "
+            f"below the quorum of {needed}"
+        )
+    return None
+
+
 def bootstrap_refusal(
     *,
     control_plane: bool,

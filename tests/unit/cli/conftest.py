@@ -69,6 +69,8 @@ class FakeNode:
     watch_events: list[dict[str, Any]] = field(default_factory=list)
     files: dict[str, bytes] = field(default_factory=dict)
     services: list[dict[str, Any]] = field(default_factory=list)
+    #: The agent build the node runs (``upgrade`` changes it, as a restart into the build would).
+    tag: str = "0.1.0-test"
 
     def __post_init__(self) -> None:
         self.resources = {
@@ -122,7 +124,8 @@ class FakeNode:
 
     async def version(self) -> dict[str, Any]:
         self.calls.append("version")
-        return {"tag": "0.1.0-test", "kubernetes": "v1.20.2"}
+        found: dict[str, Any] = {"tag": self.tag, "kubernetes": "v1.20.2"}
+        return {**found, "phase": "running"} if self.tag != "0.1.0-test" else found
 
     def _type(self, type: str) -> resources.ResourceDefinition:
         try:
@@ -229,6 +232,23 @@ class FakeNode:
         summary = {"hostname": f"host-{self.name}", "leaves_etcd": False, "wipe": (wipe or "").split(",")}
         text = f"stop the services, wipe {wipe}, then {'reboot' if reboot else 'stop the agent'}"
         return {**summary, "message": f"dry run: {text}" if dry_run else f"node {self.name} reset: {text}"}
+
+    async def upgrade(self, *, path: str, stage: bool, preserve: bool | None, force: bool) -> dict[str, Any]:
+        """A worker installing the build at ``path`` (its version is the file name's stem) and,
+        unless staged, running it at once; a path not under the uploads directory is refused."""
+        self.calls.append(f"upgrade path={path} stage={stage} preserve={preserve} force={force}")
+        if not path.startswith("/var/lib/kubeplane/uploads/"):
+            raise api.InvalidArgumentError(f"{path} is not under /var/lib/kubeplane/uploads")
+        version = path.rsplit("/", 1)[-1].removesuffix(".whl")
+        if not stage:
+            self.tag = version
+        summary = {"hostname": f"host-{self.name}", "from": "0.1.0-test", "version": version}
+        return {
+            **summary,
+            "staged": stage,
+            "preserve": bool(preserve),
+            "message": f"{self.name} -> {version}",
+        }
 
     async def kubernetes_certificates_renew(self, *, not_before: int | None) -> dict[str, Any]:
         """A control plane node's answer: its certificates (issued at the epoch) are re-issued."""

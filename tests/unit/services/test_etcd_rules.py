@@ -117,3 +117,31 @@ def test_bootstrap_refusals(kwargs: dict[str, object], reason: str | None) -> No
     }
     result = rules.bootstrap_refusal(**{**facts, **kwargs})  # type: ignore[arg-type]
     assert (result is None) if reason is None else (result is not None and reason in result)
+
+
+@pytest.mark.parametrize(
+    ("names", "healthy", "refused"),
+    [
+        (["a"], {1}, "below the quorum of 1"),  # a single member: its cluster stops
+        (["a", "b"], {1, 2}, "below the quorum of 2"),  # two voters need both
+        (["a", "b", "c"], {1, 2, 3}, None),
+        (["a", "b", "c"], {1, 2}, "below the quorum of 2"),  # c is down already
+        (["a", "b", "c", "d", "e"], {1, 2, 3, 4}, None),
+    ],
+)
+def test_an_upgrade_keeping_data_may_stop_a_member_only_with_a_healthy_quorum(
+    names: list[str], healthy: set[int], refused: str | None
+) -> None:
+    """The member stays in the cluster while it is down: the quorum counts every voter."""
+    members = [member(i + 1, name, f"10.5.0.{i + 2}") for i, name in enumerate(names)]
+    reason = rules.outage_refusal(members, stopping=2 if len(names) > 1 else 1, healthy=healthy)
+    assert (reason is None) if refused is None else (reason is not None and refused in reason)
+
+
+def test_learners_do_not_keep_a_quorum_while_a_member_is_down() -> None:
+    members = [
+        member(1, "a", "10.5.0.2"),
+        member(2, "b", "10.5.0.3"),
+        member(3, "c", "10.5.0.4", learner=True),
+    ]
+    assert "below the quorum of 2" in (rules.outage_refusal(members, stopping=2, healthy={1, 2, 3}) or "")
