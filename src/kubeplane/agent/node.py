@@ -34,6 +34,7 @@ import fcntl
 import functools
 import ipaddress
 import logging
+import os
 import re
 import socket
 import struct
@@ -721,6 +722,12 @@ class Node:
             log.info("reboot: stopping services and controllers")
             self.events.emit("sequence", "reboot", "rebooting")
             await self._halt()
+            staged = await asyncio.to_thread(node_upgrade.startup_target, self.paths, dict(os.environ))
+            if staged is not None:
+                # An agent build staged with `upgrade --stage`: the reboot starts it, as a machine's would.
+                await self._stop_servers()
+                logging.shutdown()
+                node_upgrade.exec_into(staged, sys.argv[1:])
             if await asyncio.to_thread(self.store.promote_staged):
                 log.info("reboot: applied the staged machine config")
                 self.events.emit("config", "on-reboot", "applied the machine config staged for this boot")
@@ -892,14 +899,18 @@ class Node:
             log.info("upgrade: stopping services and controllers, then exec into %s", build.path)
             self.events.emit("sequence", "upgrade", f"restarting into kubeplaned {build.version}")
             await self._halt()
-            if self._trustd is not None:
-                await self._trustd.stop()
-                self._trustd = None
-            if self._server is not None:
-                await self._server.stop(grace=1.0)
-                self._server = None
+            await self._stop_servers()
             logging.shutdown()
             node_upgrade.exec_into(build, sys.argv[1:])
+
+    async def _stop_servers(self) -> None:
+        """Stop trustd and the node API (before the agent execs into another build)."""
+        if self._trustd is not None:
+            await self._trustd.stop()
+            self._trustd = None
+        if self._server is not None:
+            await self._server.stop(grace=1.0)
+            self._server = None
 
     @staticmethod
     def _reset_text(summary: Mapping[str, Any]) -> str:
