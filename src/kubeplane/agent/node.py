@@ -10,6 +10,10 @@ order, promotes a staged config, and boots again: the agent process stays, as a 
 stay powered, but everything the config drives restarts. Only the machine config files survive
 (REFERENCE.md §2: state is rebuilt from the config at start).
 
+An agent upgrade (:meth:`Node.upgrade`, :mod:`kubeplane.agent.upgrade`) stops the node as a reboot
+does, then replaces the agent's code: the process re-executes itself into the new build, keeping
+its PID; a build staged for later is started by the next reboot or start of the agent.
+
 Config changes are serialised by one lock; a rejected config changes nothing on disk or in the
 state.
 

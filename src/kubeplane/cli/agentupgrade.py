@@ -78,12 +78,16 @@ def upgrade(
     """Replace kubeplaned on the nodes with another build, one node at a time."""
     timeout = output.parse_duration(wait_timeout)
     target = connect.resolve(connect.options())
+    # Without -n the endpoint itself is upgraded (called directly, not forwarded to).
     nodes = target.nodes or target.endpoints[:1]
+
+    def client_for(node: str) -> api.NodeClient:
+        return connect.client(target, nodes=[node] if target.nodes else [])
 
     async def versions() -> dict[str, str]:
         found: dict[str, str] = {}
         for node in nodes:
-            async with connect.client(target, nodes=[node]) as client:
+            async with client_for(node) as client:
                 (reply,) = await client.version()
             found[node] = str(reply.unwrap().get("tag", "?"))
         return found
@@ -109,7 +113,7 @@ def upgrade(
 
     async def run_step(step: plan.Step) -> plan.Outcome:
         if step.kind == "upgrade":
-            async with connect.client(target, nodes=[step.node]) as client:
+            async with client_for(step.node) as client:
                 (reply,) = await client.upgrade(path=build_path, stage=stage, preserve=preserve, force=force)
             if reply.error is not None:
                 raise click.ClickException(output.error_text(reply.error, where=f"node {step.node}"))
@@ -132,7 +136,7 @@ def upgrade(
 
     async def still_missing(node: str, want: str, hostname: str) -> str:
         try:
-            async with connect.client(target, nodes=[node]) as client:
+            async with client_for(node) as client:
                 version = (await client.version())[0].unwrap()
                 services = (await client.service_list())[0].unwrap()
         except api.APIError as exc:

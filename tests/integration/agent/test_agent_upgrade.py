@@ -67,7 +67,7 @@ def test_upgrade_re_execs_the_agent_in_place_into_the_new_build(cluster: Cluster
     assert before and all("kubeplaned" in line or "-c" not in line for line in before.values())
     path = build(agent, "next")
 
-    result = cluster.kp("-n", agent.address, "upgrade", "--path", path)
+    result = cluster.kp("-e", agent.address, "upgrade", "--path", path)
     assert f"restarts into kubeplaned {NEW}" in result.stdout
     assert f"node {agent.address}: upgraded and back in" in result.stdout
     server = running(cluster, agent, NEW)
@@ -86,11 +86,11 @@ def test_upgrade_re_execs_the_agent_in_place_into_the_new_build(cluster: Cluster
 def test_a_broken_build_is_refused_and_nothing_changes(cluster: Cluster) -> None:
     agent = cluster.boot_agent()
     path = build(agent, "broken", broken=True)
-    result = cluster.kp("-n", agent.address, "upgrade", "--path", path, check=False)
+    result = cluster.kp("-e", agent.address, "upgrade", "--path", path, check=False)
     assert result.returncode != 0
     assert "fails its check" in result.stderr and "nothing was changed" in result.stderr
     assert not agent.paths.active_build.exists()
-    refused = cluster.kp("-n", agent.address, "upgrade", "--path", "/etc", check=False)
+    refused = cluster.kp("-e", agent.address, "upgrade", "--path", "/etc", check=False)
     assert refused.returncode != 0 and f"not under {UPLOADS}" in refused.stderr
     assert server_version(cluster, agent)["tag"] == kubeplane.__version__  # type: ignore[index]
 
@@ -99,10 +99,10 @@ def test_a_staged_upgrade_runs_from_the_next_reboot(cluster: Cluster) -> None:
     agent = cluster.boot_agent()
     before = agent_processes(agent)
     path = build(agent, "staged")
-    result = cluster.kp("-n", agent.address, "upgrade", "--path", path, "--stage")
+    result = cluster.kp("-e", agent.address, "upgrade", "--path", path, "--stage")
     assert "runs from the agent's next start" in result.stdout
     assert server_version(cluster, agent)["tag"] == kubeplane.__version__  # type: ignore[index]
 
-    cluster.kp("-n", agent.address, "reboot")
+    cluster.kp("-e", agent.address, "reboot")
     running(cluster, agent, NEW)
     assert sorted(agent_processes(agent)) == sorted(before)
