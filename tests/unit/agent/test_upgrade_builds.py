@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -185,3 +187,35 @@ def test_the_exec_environment_puts_the_build_first_and_drops_an_earlier_one() ->
     assert found["PYTHONPATH"] == os.pathsep.join(["/builds/2", "/src"])
     assert found[upgrade.BUILD_ENV] == "/builds/2"
     assert found["X"] == "y"
+
+
+REPORT = (
+    "import os, sys, kubeplane\n"
+    "def main() -> None:\n"
+    "    marker = os.environ['KUBEPLANED_BUILD']\n"
+    "    print(os.getpid(), kubeplane.__version__, sys.argv[1:], marker, flush=True)\n"
+)
+
+
+def test_a_starting_agent_runs_the_active_build_in_place(paths: NodePaths) -> None:
+    """``kubeplaned`` started on a node with an active build execs into it at once: the same PID,
+    the same arguments, the build's code (here an agent that only reports itself)."""
+    build = upgrade.install(paths, package(paths.agent_uploads / "next", main=REPORT))
+    upgrade.record_active(paths, build)
+    source = Path(upgrade.__file__).resolve().parents[2]
+    program = (
+        "import os, sys; print(os.getpid(), flush=True); from kubeplane.agent.main import run; "
+        "run(sys.argv[1:])"
+    )
+    arguments = ["--root", str(paths.root), "--metrics-port", "0"]
+    environment = {k: v for k, v in os.environ.items() if k != upgrade.BUILD_ENV}
+    result = subprocess.run(
+        [sys.executable, "-c", program, *arguments],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**environment, "PYTHONPATH": str(source)},
+    )
+    pid, reported = result.stdout.splitlines()
+    assert reported == f"{pid} 9.9.9 {arguments} {build.path.resolve()}"
