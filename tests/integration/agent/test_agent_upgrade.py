@@ -68,6 +68,7 @@ def test_upgrade_re_execs_the_agent_in_place_into_the_new_build(cluster: Cluster
     path = build(agent, "next")
 
     result = cluster.kp("-e", agent.address, "upgrade", "--path", path)
+    print(result.stdout)  # the seconds it took, for pytest -rP
     assert f"restarts into kubeplaned {NEW}" in result.stdout
     assert f"node {agent.address}: upgraded and back in" in result.stdout
     server = running(cluster, agent, NEW)
