@@ -823,14 +823,14 @@ class Node:
     async def upgrade(self, *, path: str, stage: bool, preserve: bool | None, force: bool) -> dict[str, Any]:
         """Replace this agent with the build at ``path`` (see :mod:`kubeplane.agent.upgrade`).
 
-        The build is installed and checked first: a bad one is refused and nothing changes. With
-        ``stage`` it is only recorded, for the next start of the agent. Otherwise the etcd
-        member (if any) is checked: keeping the data (``preserve``, the default on a control
-        plane node) it must be able to go down without etcd losing its quorum; not keeping it,
-        it leaves etcd (as a graceful reset does) and the node's etcd, kubelet and containerd data
-        are wiped (its config stays: it rejoins). ``force`` skips the etcd check (a single
-        control plane node, whose cluster then stops for the restart). The reply comes before
-        the services stop and the agent re-execs itself, keeping its PID.
+        The etcd member (if any) is checked first, then the build is installed and checked: a
+        refusal of either changes nothing. Keeping the data (``preserve``, the default on a
+        control plane node), the member must be able to go down without etcd losing its quorum;
+        not keeping it, it leaves etcd (as a graceful reset does) and the node's etcd, kubelet
+        and containerd data are wiped (its config stays: it rejoins). ``force`` skips the etcd
+        check (a single control plane node, whose cluster then stops for the restart). With
+        ``stage`` the build is only recorded, for the agent's next start (no etcd check). The
+        reply comes before the services stop and the agent re-execs itself, keeping its PID.
         """
         document = await asyncio.to_thread(self.store.current)
         control_plane = document is not None and document.model.machine.is_control_plane
@@ -840,6 +840,13 @@ class Node:
         except node_upgrade.UpgradeRefused as exc:
             raise api.InvalidArgumentError(str(exc), fields=[("path", str(exc))]) from exc
         async with self._lock:
+            member_id: int | None = None
+            etcd = self.services.etcd if self.services is not None else None
+            if etcd is not None and not force and not stage:
+                if keep:
+                    await self._etcd_outage_check(etcd)
+                else:
+                    member_id = await self._etcd_leave_plan("an upgrade without --preserve")
             try:
                 build = await asyncio.to_thread(node_upgrade.install, self.paths, source)
             except node_upgrade.UpgradeRefused as exc:
@@ -860,13 +867,6 @@ class Node:
                     **summary,
                     "message": f"node {self.name}: kubeplaned {build.version} runs from its next start",
                 }
-            member_id: int | None = None
-            etcd = self.services.etcd if self.services is not None else None
-            if etcd is not None and not force:
-                if keep:
-                    await self._etcd_outage_check(etcd)
-                else:
-                    member_id = await self._etcd_leave_plan("an upgrade without --preserve")
             await asyncio.to_thread(node_upgrade.record_active, self.paths, build)
             self.events.emit("sequence", "upgrade", f"upgrading kubeplaned to {build.version}")
             if member_id is not None:

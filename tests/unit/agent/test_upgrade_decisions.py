@@ -82,6 +82,7 @@ def test_a_refusal_from_etcd_changes_nothing(tmp_path: Path) -> None:
     with pytest.raises(api.FailedPreconditionError, match=r"refusing to upgrade .* 1 of the 3 etcd voters"):
         asyncio.run(node.upgrade(path=BUILD, stage=False, preserve=None, force=False))
     assert upgrade.active(node.paths) is None
+    assert not node.paths.agent_builds.exists()  # refused before the build was even installed
     assert scheduled == []
     # --force skips the check (a single control plane node).
     said = asyncio.run(node.upgrade(path=BUILD, stage=False, preserve=None, force=True))
