@@ -101,7 +101,7 @@ def test_a_staged_upgrade_runs_from_the_next_reboot(cluster: Cluster) -> None:
     before = agent_processes(agent)
     path = build(agent, "staged")
     result = cluster.kp("-e", agent.address, "upgrade", "--path", path, "--stage")
-    assert "runs from the agent's next start" in result.stdout
+    assert "runs from its next start" in result.stdout
     assert server_version(cluster, agent)["tag"] == kubeplane.__version__  # type: ignore[index]
 
     cluster.kp("-e", agent.address, "reboot")
