@@ -6,9 +6,13 @@ one of them is stopped as a lost machine would be (the API still answers; removi
 member then is refused, because the two left would need both for a quorum), then both are removed
 in one command (one member again, health passes). The poller opens a new connection for every
 ``GET /readyz``, as a ``kubectl get --raw /readyz`` loop does, so haproxy spreads its requests over
-every node in rotation and each stage is seen by it. The removal of the only control plane node
-is refused. Whatever fails, the cluster is taken back to its 1+1 nodes and waited healthy, since
-the modules after this one use it.
+every node in rotation and each stage is seen by it: it sees no failure while nodes are added and
+removed. Losing a machine is different: a request in flight on the lost node's API server at that
+moment cannot be saved (haproxy forwards TCP and retries only connections that were refused), so
+at most one request may fail, and only between the loss and haproxy's health checks taking the
+node out (``inter 1s fall 2``). The removal of the only control plane node is refused. Whatever
+fails, the cluster is taken back to its 1+1 nodes and waited healthy, since the modules after this
+one use it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ pytestmark = pytest.mark.e2e
 
 #: How long the restore in ``finally`` may take to bring the shared cluster back to health.
 RESTORE_TIMEOUT = "5m"
+#: Seconds after a node is lost in which haproxy may still send it a request (two failed checks
+#: one second apart, plus the check's own timeout).
+DETECTION_WINDOW = 4.0
 
 
 class ReadyzPoller:
@@ -60,6 +67,8 @@ class ReadyzPoller:
         self._thread = threading.Thread(target=self._loop, name="readyz-poller", daemon=True)
         self.requests = 0
         self.failures: list[str] = []
+        #: ``time.monotonic()`` of each failure, in the order of :attr:`failures`.
+        self.failed_at: list[float] = []
 
     def _get(self) -> None:
         connection = http.client.HTTPSConnection(self._host, self._port, context=self._context, timeout=5)
@@ -78,6 +87,7 @@ class ReadyzPoller:
             try:
                 self._get()
             except Exception as exc:
+                self.failed_at.append(time.monotonic())
                 self.failures.append(f"{time.strftime('%H:%M:%S')} {type(exc).__name__}: {str(exc)[:200]}")
             self._stop.wait(self._interval)
 
@@ -177,7 +187,9 @@ def test_one_control_plane_becomes_three_and_goes_back(cluster_1cp1w: E2ECluster
 
             # One added node is lost: the API keeps answering through the other two.
             lost = cluster.state().node(new[0]["name"])
+            lost_from = time.monotonic()
             teardown.stop_node(lost)
+            lost_until = time.monotonic() + DETECTION_WINDOW
             before = poller.requests
             time.sleep(10)
             assert poller.requests > before
@@ -219,7 +231,13 @@ def test_one_control_plane_becomes_three_and_goes_back(cluster_1cp1w: E2ECluster
             f"{len(poller.failures)} failures: {poller.failures}"
         )
         assert poller.requests > 100
-        assert poller.failures == []
+        outside = [
+            failure
+            for failure, at in zip(poller.failures, poller.failed_at, strict=True)
+            if not lost_from <= at <= lost_until
+        ]
+        assert outside == [], "requests failed while nodes were added or removed"
+        assert len(poller.failures) <= 1, "more than the one request in flight on the lost node failed"
     finally:
         _restore(cluster)
         assert [n.name for n in cluster.state().nodes] == [
