@@ -22,7 +22,7 @@ integration:
 e2e:
 	$(PY)/pytest -m e2e
 
-# The whole suite: static checks, then every tier: e2e beside unit + integration (two pytest runs
-# at once, see scripts/test-tiers).
+# The whole suite: static checks, then every tier: the e2e tier's two halves beside unit +
+# integration (three pytest runs at once, see scripts/test-tiers).
 test: lint
 	PYTEST=$(PY)/pytest ./scripts/test-tiers

@@ -60,7 +60,8 @@ class E2ECluster:
     endpoint: str
     control_plane: tuple[str, ...]
     workers: tuple[str, ...]
-    haproxy: lb.HAProxy
+    #: The load balancer in front of the API servers; None when the endpoint is a VIP.
+    haproxy: lb.HAProxy | None
     registry_log: Path
 
     def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -136,10 +137,43 @@ def leftovers(cluster: state.ClusterState, *, client_config_path: Path) -> list[
 FIRST_MODULES = ("test_convert.py",)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: ``KUBEPLANE_E2E_SHARD=a`` or ``b`` runs one of two halves of the e2e tests; scripts/test-tiers
+#: runs both at once (the tests mostly wait on clusters, so two streams fit the 2 cores). Unset:
+#: every test. A test goes where its shared cluster is made, so each is made once: tests on the
+#: 3+1 cluster in ``a``, tests on the 1+1 cluster in ``b`` (a test needing both runs in ``a``,
+#: which then makes its own 1+1 cluster under another name); modules with clusters of their own
+#: go to ``b`` unless listed in :data:`SHARD_A_MODULES` (which balances the two by duration).
+SHARD_ENV = "KUBEPLANE_E2E_SHARD"
+SHARD_A_MODULES = ("test_convert.py", "test_vip_failover.py")
+
+
+def shard_of(item: pytest.Item) -> str:
+    """The shard (``a`` or ``b``) that runs ``item`` (see :data:`SHARD_ENV`)."""
+    fixtures = getattr(item, "fixturenames", ())
+    if "cluster_3cp1w" in fixtures:
+        return "a"
+    if "cluster_1cp1w" in fixtures:
+        return "b"
+    return "a" if item.path.name in SHARD_A_MODULES else "b"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     def first(item: pytest.Item) -> bool:
         return item.path.parent == Path(__file__).parent and item.path.name in FIRST_MODULES
 
+    shard = os.environ.get(SHARD_ENV)
+    if shard is not None:
+        if shard not in ("a", "b"):
+            raise pytest.UsageError(f"{SHARD_ENV}={shard!r}: expected a or b")
+        here = Path(__file__).parent
+        other = [item for item in items if item.path.parent == here and shard_of(item) != shard]
+        if other:
+            config.hook.pytest_deselected(items=other)
+            items[:] = [item for item in items if item not in other]
+        if shard == "a":
+            # Its own 1+1 cluster (session-scoped) is made for the few tests that need both, and
+            # lives from then to the end of the session: last, so it is not there meanwhile.
+            items.sort(key=lambda item: "cluster_1cp1w" in getattr(item, "fixturenames", ()))
     items.sort(key=lambda item: not first(item))  # stable: keeps the order within each group
 
 
@@ -197,8 +231,12 @@ def e2e_env() -> Iterator[dict[str, str]]:
     reaped = reap_stale_sessions(tmp)
     if reaped:
         print(f"destroyed the clusters of dead e2e sessions: {', '.join(reaped)}")
-    base = Path(tempfile.mkdtemp(prefix=SESSION_PREFIX, dir=tmp))
-    (base / OWNER_FILE).write_text(f"{os.getpid()} {hostproc.start_time_of(os.getpid())}\n")
+    # Made under another name and renamed once it has its owner file: a session starting at the
+    # same moment (the other shard) never sees it without one and takes it for a dead session's.
+    making = Path(tempfile.mkdtemp(prefix=".making-", dir=tmp))
+    (making / OWNER_FILE).write_text(f"{os.getpid()} {hostproc.start_time_of(os.getpid())}\n")
+    base = tmp / f"{SESSION_PREFIX}{making.name.removeprefix('.making-')}"
+    making.rename(base)
     yield _session_env(base)
     shutil.rmtree(base, ignore_errors=True)
 
@@ -266,7 +304,11 @@ def _cluster(
             endpoint=shown["endpoint"],
             control_plane=tuple(n.ip for n in created.nodes if n.role == "controlplane"),
             workers=tuple(n.ip for n in created.nodes if n.role == "worker"),
-            haproxy=lb.HAProxy(directory=Path(created.dirs["haproxy"]), record=created.processes["haproxy"]),
+            haproxy=(
+                lb.HAProxy(directory=Path(created.dirs["haproxy"]), record=created.processes["haproxy"])
+                if "haproxy" in created.dirs
+                else None
+            ),
             registry_log=Path(created.dirs["registry"]) / "registry.log",
         )
     finally:
@@ -283,7 +325,10 @@ def _cluster(
 
 @pytest.fixture(scope="session")
 def cluster_1cp1w(e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainPaths) -> Iterator[E2ECluster]:
-    yield from _cluster(e2e_env, name="e2e1", cidr="10.5.21.0/24", controlplanes=1, workers=1)
+    # Shard a makes one only for a test that also needs the 3+1 cluster: another name and network,
+    # as shard b (all the others) makes "e2e1" at the same time.
+    name, cidr = ("e2e1a", "10.5.33.0/24") if os.environ.get(SHARD_ENV) == "a" else ("e2e1", "10.5.21.0/24")
+    yield from _cluster(e2e_env, name=name, cidr=cidr, controlplanes=1, workers=1)
 
 
 # Session scope: test_apps.py runs an application on it, test_cluster.py checks it as created,

@@ -65,8 +65,10 @@ def test_etcd_is_restarted_after_kill_and_healthy_again(tmp_path: Path, free_por
 
             killed_at = time.monotonic()
             os.kill(first.pid, signal.SIGKILL)
+            # Generous: a CI run with two e2e halves beside this tier once took over 30 s to see
+            # the restart (the figure printed below is what a quiet machine takes: under 1 s).
             restarted = await sup.wait_for(
-                "etcd", lambda s: s.running and s.pid not in (None, first.pid), timeout=30
+                "etcd", lambda s: s.running and s.pid not in (None, first.pid), timeout=90
             )
             running_after = time.monotonic() - killed_at
             healthy = await sup.wait_up("etcd", timeout=30)
@@ -85,4 +87,4 @@ def test_etcd_is_restarted_after_kill_and_healthy_again(tmp_path: Path, free_por
             assert process.group_members(first.pid) == []
         assert restarted.pid is not None and process.group_members(restarted.pid) == []
 
-    asyncio.run(asyncio.wait_for(scenario(), 120))
+    asyncio.run(asyncio.wait_for(scenario(), 240))

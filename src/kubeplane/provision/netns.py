@@ -30,7 +30,9 @@ bridge, link or namespace of the same name exists and this cluster did not creat
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import ipaddress
 import json
@@ -38,7 +40,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +149,8 @@ class NetworkPlan:
     nodes: tuple[NodeAddress, ...]
     #: Host routes over the bridge: destination CIDR → gateway (the Service subnet via a node).
     routes: tuple[tuple[str, str], ...] = ()
+    #: The control plane's shared VIP (``cluster create --vip``), reserved: no node gets it.
+    vip: str | None = None
 
     @property
     def prefixlen(self) -> int:
@@ -251,6 +255,28 @@ def host_networks(*, ignore_dev: str) -> list[tuple[ipaddress.IPv4Network, str]]
     return found
 
 
+#: The host-wide lock of :func:`host_routes_lock`.
+HOST_ROUTES_LOCK = Path("/run/kubeplane/host-routes.lock")
+
+
+@contextlib.contextmanager
+def host_routes_lock(
+    *, path: Path = HOST_ROUTES_LOCK, waiting: Callable[[], None] = lambda: None
+) -> Iterator[None]:
+    """Hold the host-wide lock under which a new cluster picks what it routes on the host (its
+    Service subnet: the first free one) and adds those routes. Without it two ``cluster create``
+    runs at once both find the same subnet free and the second one's route collides. ``waiting``
+    is called once when another holder makes this one wait (to say so)."""
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            waiting()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
+
+
 def host_conflicts(network: ipaddress.IPv4Network, *, ignore_dev: str) -> list[str]:
     """Host addresses and routes overlapping ``network`` (except those on ``ignore_dev``)."""
     return [what for other, what in host_networks(ignore_dev=ignore_dev) if other.overlaps(network)]
@@ -316,7 +342,10 @@ def create(
     check_host(network_plan, cluster.network)
     if cluster.network is None:
         cluster.network = state_mod.NetworkState(
-            cidr=str(network_plan.cidr), host_ip=network_plan.host_ip, bridge=network_plan.bridge
+            cidr=str(network_plan.cidr),
+            host_ip=network_plan.host_ip,
+            bridge=network_plan.bridge,
+            vip=network_plan.vip or "",
         )
     net = cluster.network
     alias = link_alias(network_plan.cluster)

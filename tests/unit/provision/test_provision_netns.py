@@ -1,7 +1,10 @@
-"""Cluster network naming, address reservation and host conflict detection (no kernel calls)."""
+"""Cluster network naming, address reservation and host conflict detection (no kernel calls);
+the host routes lock."""
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,3 +115,21 @@ def test_host_without_overlap_has_no_conflicts(monkeypatch: pytest.MonkeyPatch) 
     routes = [{"dst": "default", "gateway": "192.0.2.1"}, {"dst": "192.0.2.0/24", "dev": "eth0"}]
     monkeypatch.setattr(netns, "_ip_json", _fake_ip(addrs, routes))
     assert netns.host_conflicts(netns.plan("demo", ["a"]).cidr, ignore_dev="kp-demo") == []
+
+
+def test_host_routes_lock_makes_a_second_create_wait_and_says_so(tmp_path: Path) -> None:
+    lock = tmp_path / "run" / "host-routes.lock"
+    told = threading.Event()
+    acquired = threading.Event()
+
+    def second() -> None:
+        with netns.host_routes_lock(path=lock, waiting=told.set):
+            acquired.set()
+
+    with netns.host_routes_lock(path=lock, waiting=lambda: pytest.fail("the first holder never waits")):
+        thread = threading.Thread(target=second)
+        thread.start()
+        assert told.wait(5), "the second holder said it waits"
+        assert not acquired.wait(0.2), "it does not get the lock while the first holds it"
+    thread.join(5)
+    assert acquired.is_set(), "it gets the lock once the first lets go"
