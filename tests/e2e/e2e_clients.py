@@ -11,6 +11,8 @@ import http.client
 import json
 import os
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import urllib3
 import yaml
+from cryptography import x509
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
@@ -51,6 +54,24 @@ def api_client(kubeconfig: Path, *, retries: bool = True) -> Any:
     if not retries:
         configuration.retries = False
     return k8s_client.ApiClient(configuration)
+
+
+#: The port every node's kube-apiserver serves on.
+APISERVER_PORT = 6443
+
+
+def serving_certificate(address: str) -> x509.Certificate:
+    """The certificate the kube-apiserver on ``address`` presents (read without verifying it)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with (
+        socket.create_connection((address, APISERVER_PORT), timeout=10) as raw,
+        context.wrap_socket(raw) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
 
 
 def closed_before_response(exc: BaseException) -> bool:

@@ -16,17 +16,14 @@ from __future__ import annotations
 import base64
 import re
 import shlex
-import socket
-import ssl
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
-from e2e_clients import ApiPoller, Run, run_cli
+from e2e_clients import ApiPoller, Run, run_cli, serving_certificate
 
 from kubeplane import pki
 
@@ -35,7 +32,6 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.e2e
 
-APISERVER_PORT = 6443
 STEP_DONE = re.compile(r"^ < (?P<what>done|already at target, skipped) \((?P<seconds>[\d.]+)s\)")
 EXPIRY = re.compile(
     r"^ > kube-apiserver certificate of node (?P<node>\S+): expires (?P<before>\S+) -> (?P<after>\S+)"
@@ -46,20 +42,6 @@ CONTINUE = re.compile(r"^to continue this renewal if it is interrupted: (?P<comm
 @pytest.fixture(scope="module")
 def cluster(cluster_3cp1w: E2ECluster) -> E2ECluster:
     return cluster_3cp1w
-
-
-def serving_certificate(address: str) -> x509.Certificate:
-    """The certificate the kube-apiserver on ``address`` presents (read without verifying it)."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    with (
-        socket.create_connection((address, APISERVER_PORT), timeout=10) as raw,
-        context.wrap_socket(raw) as tls,
-    ):
-        der = tls.getpeercert(binary_form=True)
-    assert der is not None
-    return x509.load_der_x509_certificate(der)
 
 
 def serials(cluster: Any) -> dict[str, int]:

@@ -11,7 +11,6 @@ last in this module and leave it healthy.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,7 @@ import pytest
 import yaml
 from e2e_clients import wait_until
 
-from kubeplane.provision import toolchain
+from kubeplane.provision import netns, toolchain
 
 if TYPE_CHECKING:
     from conftest import E2ECluster
@@ -277,14 +276,20 @@ def test_extra_args_patch_rolls_only_kube_apiserver(cluster_1cp1w: E2ECluster) -
     assert health.returncode == 0, health.stdout + health.stderr
 
 
-#: Network namespaces the integration tier makes and removes while this tier runs beside it
-#: (scripts/test-tiers): ``kpt-XXXX`` and the local-cluster network test's ``kp-kptXXXXXX-*``.
-_OTHER_TIER_NETNS = re.compile(r"/run/netns/(kpt-|kp-kpt)")
-
-
-def _host_mount_points() -> set[str]:
+def _host_mount_points(cluster: E2ECluster) -> set[str]:
+    """The host's mount points, less those that others make and remove while this test runs
+    beside them (scripts/test-tiers runs the integration tier and the other e2e half at once):
+    network namespaces other than this cluster's nodes' (the integration tier's ``kpt-*``, other
+    clusters' ``kp-<name>-*``) and mounts in other e2e sessions' directories."""
+    own_netns = f"/run/netns/{netns.BRIDGE_PREFIX}{cluster.name}-"
+    session = str(cluster.directory.parent.parent)
     points = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
-    return {point for point in points if not _OTHER_TIER_NETNS.match(point)}
+    return {
+        point
+        for point in points
+        if (not point.startswith("/run/netns/") or point.startswith(own_netns))
+        and (not point.startswith("/tmp/kpe2e-") or point.startswith(session))
+    }
 
 
 def test_nodes_are_machines_and_a_reboot_touches_nothing_outside_the_node(cluster_1cp1w: E2ECluster) -> None:
@@ -312,7 +317,7 @@ def test_nodes_are_machines_and_a_reboot_touches_nothing_outside_the_node(cluste
     other = next(node for node in state.nodes if node.role != "worker")
     bystander = subprocess.Popen(["sh", "-c", "sleep 600", "/run/containerd/containerd.sock"])
     try:
-        mounts = _host_mount_points()
+        mounts = _host_mount_points(cluster_1cp1w)
         result = cluster_1cp1w.cli("-n", worker.ip, "reboot")
         assert result.returncode == 0, result.stdout + result.stderr
 
@@ -326,7 +331,7 @@ def test_nodes_are_machines_and_a_reboot_touches_nothing_outside_the_node(cluste
         wait_until(f"{worker.name} to come back from the reboot", back)
         assert bystander.poll() is None, "a host process naming /run/containerd/containerd.sock was killed"
         assert Path(f"/proc/{other.processes['kubeplaned'].pid}").exists(), "the other node's agent died"
-        assert _host_mount_points() == mounts
+        assert _host_mount_points(cluster_1cp1w) == mounts
     finally:
         bystander.kill()
         bystander.wait()

@@ -21,6 +21,8 @@ import kubeplane
 from kubeplane import api, resources, runtime
 from kubeplane.agent import certs as node_certs
 from kubeplane.agent import etcd, owned, selfhosted, services
+from kubeplane.agent import upgrade as node_upgrade
+from kubeplane.controllers.timesync import time_sync
 
 if TYPE_CHECKING:
     from kubeplane.agent.node import Node
@@ -29,8 +31,9 @@ _CHUNK = 64 * 1024
 
 #: Log streams the agent writes itself (:mod:`kubeplane.agent.main`), besides one per service.
 AGENT_LOGS = ("kubeplaned", runtime.LOGGER_NAME)
-#: Services a node may supervise; each writes ``<id>.log`` next to the agent's streams.
-SERVICE_LOGS = (services.CONTAINERD, services.KUBELET, etcd.SERVICE_ID)
+#: Services a node may run (the supervised ones and the time sync's ``chronyd``); each writes
+#: ``<id>.log`` next to the agent's streams.
+SERVICE_LOGS = (services.CONTAINERD, services.KUBELET, etcd.SERVICE_ID, time_sync.LOG)
 #: What a log id looks like: a DNS-1123 label, so it can never be a path.
 _LOG_ID = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -90,6 +93,8 @@ class AgentBackend:
             # A worker waiting for its first node API certificate serves the maintenance API too.
             "maintenance": node.maintenance or node.insecure_api,
             "phase": node.phase,
+            # New at every start of the agent process (an upgrade re-execs it).
+            "instance": node_upgrade.INSTANCE,
             "kubernetes": await node.kubernetes_version(),
         }
         if node.boot_wait is not None:

@@ -18,9 +18,10 @@ caller names it relative to the node root). The node:
 
 At start (:func:`startup_target`), an agent whose active build is not the code it runs re-execs
 into it: that is how ``--stage`` (record only) takes effect at the next restart, and how a
-restarted agent process keeps its upgrade. :data:`BUILD_ENV` marks a process started into a
-build, so an agent that still does not run it after the exec (a broken environment) carries on
-with the code it has instead of looping.
+restarted agent process keeps its upgrade. :data:`INSTANCE` (in ``version``) tells a restarted
+agent from the one before, also when both run the same version. :data:`BUILD_ENV` marks a
+process started into a build, so an agent that still does not run it after the exec (a broken
+environment) carries on with the code it has instead of looping.
 
 Rollback: a build that fails its check is refused and nothing changes (the temporary copy is
 removed, the active record is untouched). Installed builds stay under ``agent_builds``: upgrading
@@ -39,6 +40,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -49,6 +51,10 @@ from kubeplane.config.paths import NodePaths
 
 #: Set in the environment of an agent exec'd into a build: that build's directory.
 BUILD_ENV = "KUBEPLANED_BUILD"
+#: A random id of this agent process, made when it imports this code: every start of the agent,
+#: and every exec into a build, gets a new one. ``version`` answers it, so whoever upgraded a node
+#: can tell the agent that answers from the one it asked, whatever version both say.
+INSTANCE = uuid.uuid4().hex
 #: The most bytes a wheel may unpack to (kubeplane is a few MB; this bounds a zip bomb).
 MAX_UNPACKED = 256 * 1024 * 1024
 #: The most members a wheel may have.

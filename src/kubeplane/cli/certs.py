@@ -30,9 +30,8 @@ from kubeplane.api import CallError, NodeClient
 from kubeplane.cli import connect, output, progress
 from kubeplane.cli import upgrade as cli_upgrade
 from kubeplane.controllers.secrets.kubernetes import APISERVER_CN
-from kubeplane.ops import oplock, renew, upgrade
+from kubeplane.ops import oplock, renew
 from kubeplane.ops.errors import OpsError
-from kubeplane.provision import loadbalancer
 from kubeplane.resources import catalog
 
 HEADERS = ("NODE", "EXPIRES", "LEFT", "", "SUBJECT", "ISSUER", "WHAT", "PATH")
@@ -218,21 +217,10 @@ async def _renew(
         kubeconfig_text = kubeconfig or await node_api.kubeconfig(options.via[0] if options.via else None)
         kube = cli_upgrade.kube_api(kubeconfig_text, endpoint)
         observed = await renew.prepare(options=options, node_api=node_api, kube=kube)
-        click.echo(
-            f"control plane nodes: {', '.join(f'{n.name} ({n.address})' for n in observed.control_plane)}",
-            err=fmt != "table",
-        )
         plan = renew.build_plan(observed)
-        if dry_run:
-            if fmt == "table":
-                click.echo(plan.render())
-                click.echo("dry run: nothing was changed")
-            else:
-                click.echo(output.documents(cli_upgrade.plan_documents(plan), fmt), nl=False)
+        if cli_upgrade.show_plan(plan, observed.control_plane, fmt=fmt, dry_run=dry_run):
             return
-        rotation: upgrade.Rotation = (
-            cli_upgrade.local_rotation([n.address for n in observed.control_plane]) or upgrade.NoRotation()
-        )
+        rotation = cli_upgrade.rotation_of(observed.control_plane)
         click.echo(plan.render())
         # Printed before any change: a run killed outright prints no resume message of its own.
         click.echo(f"to continue this renewal if it is interrupted: {resume}")
@@ -303,20 +291,15 @@ def renew_command(
     cutoff = _cutoff(issued_before)
     options = renew.Options(cutoff=cutoff, via=obj.nodes)
     kubeconfig_text = Path(kubeconfig).read_text(encoding="utf-8") if kubeconfig else None
-    try:
-        connect.run(
-            _renew(
-                options=options,
-                target=target,
-                kubeconfig=kubeconfig_text,
-                endpoint=endpoint,
-                dry_run=dry_run,
-                fmt=fmt,
-                resume=_resume_command(cutoff=cutoff, endpoint=endpoint, kubeconfig=kubeconfig),
-            ),
+    cli_upgrade.run_operation(
+        _renew(
+            options=options,
             target=target,
-        )
-    except (OpsError, plan_module.StepFailed) as exc:
-        raise click.ClickException(str(exc)) from exc
-    except loadbalancer.LoadBalancerError as exc:
-        raise click.ClickException(f"load balancer: {exc}") from exc
+            kubeconfig=kubeconfig_text,
+            endpoint=endpoint,
+            dry_run=dry_run,
+            fmt=fmt,
+            resume=_resume_command(cutoff=cutoff, endpoint=endpoint, kubeconfig=kubeconfig),
+        ),
+        target=target,
+    )

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import click
 import yaml
@@ -330,12 +330,54 @@ def with_server(kubeconfig_text: str, endpoint: str | None) -> str:
     return str(yaml.safe_dump(document, sort_keys=False))
 
 
-def kube_api(kubeconfig_text: str, endpoint: str | None) -> KubeAPIAdapter:
-    """The Kubernetes API adapter for an admin kubeconfig, its server replaced by ``endpoint``."""
+AdapterT = TypeVar("AdapterT", bound=KubeAPIAdapter)
+
+
+@overload
+def kube_api(kubeconfig_text: str, endpoint: str | None) -> KubeAPIAdapter: ...
+
+
+@overload
+def kube_api(kubeconfig_text: str, endpoint: str | None, *, adapter: type[AdapterT]) -> AdapterT: ...
+
+
+def kube_api(
+    kubeconfig_text: str, endpoint: str | None, *, adapter: type[KubeAPIAdapter] = KubeAPIAdapter
+) -> KubeAPIAdapter:
+    """The Kubernetes API ``adapter`` for an admin kubeconfig, its server replaced by ``endpoint``."""
     try:
-        return KubeAPIAdapter(kube_client.KubeClient(with_server(kubeconfig_text, endpoint)))
+        return adapter(kube_client.KubeClient(with_server(kubeconfig_text, endpoint)))
     except (ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
         raise OpsError(f"cannot use the admin kubeconfig: {exc}") from exc
+
+
+def rotation_of(control_plane: Sequence[upgrade.ClusterNode]) -> upgrade.Rotation:
+    """The load balancer rotation a rolling operation steers: the local cluster's haproxy in front
+    of ``control_plane``, or none (readiness checks alone protect the endpoint)."""
+    return local_rotation([node.address for node in control_plane]) or upgrade.NoRotation()
+
+
+def show_plan(
+    plan: plan_module.Plan,
+    control_plane: Sequence[upgrade.ClusterNode],
+    *,
+    fmt: output.Format,
+    dry_run: bool,
+) -> bool:
+    """Print a rolling operation's control plane nodes and, with ``dry_run``, its plan (a table,
+    or documents with ``-o json|yaml``); True when it was a dry run, which changes nothing more."""
+    click.echo(
+        f"control plane nodes: {', '.join(f'{n.name} ({n.address})' for n in control_plane)}",
+        err=fmt != "table",
+    )
+    if not dry_run:
+        return False
+    if fmt == "table":
+        click.echo(plan.render())
+        click.echo("dry run: nothing was changed")
+    else:
+        click.echo(output.documents(plan_documents(plan), fmt), nl=False)
+    return True
 
 
 def plan_documents(plan: plan_module.Plan) -> list[dict[str, Any]]:
@@ -369,25 +411,14 @@ async def _upgrade(
         kubeconfig_text = kubeconfig or await node_api.kubeconfig(options.via[0] if options.via else None)
         kube = kube_api(kubeconfig_text, endpoint)
         observed = await upgrade.prepare(options=options, node_api=node_api, kube=kube)
-        click.echo(
-            f"control plane nodes: {', '.join(f'{n.name} ({n.address})' for n in observed.control_plane)}",
-            err=fmt != "table",
-        )
         plan = upgrade.build_plan(observed)
         if options.pre_pull and not node_api.can_pull:
             plan = plan.with_notes(
                 "the node API has no ImagePull call: images are pulled when the new pods start"
             )
-        if dry_run:
-            if fmt == "table":
-                click.echo(plan.render())
-                click.echo("dry run: nothing was changed")
-            else:
-                click.echo(output.documents(plan_documents(plan), fmt), nl=False)
+        if show_plan(plan, observed.control_plane, fmt=fmt, dry_run=dry_run):
             return
-        rotation: upgrade.Rotation = (
-            local_rotation([n.address for n in observed.control_plane]) or upgrade.NoRotation()
-        )
+        rotation = rotation_of(observed.control_plane)
         click.echo(plan.render())
         with progress.display() as shown:
             upgrader = Upgrader(
@@ -488,19 +519,26 @@ def upgrade_k8s(
         sync_manifests=sync_manifests,
     )
     kubeconfig_text = Path(kubeconfig).read_text(encoding="utf-8") if kubeconfig else None
-    try:
-        connect.run(
-            _upgrade(
-                options=options,
-                target=target,
-                kubeconfig=kubeconfig_text,
-                endpoint=endpoint,
-                dry_run=dry_run,
-                fmt=fmt,
-                resume=resume_command(options=options, endpoint=endpoint, kubeconfig=kubeconfig),
-            ),
+    run_operation(
+        _upgrade(
+            options=options,
             target=target,
-        )
+            kubeconfig=kubeconfig_text,
+            endpoint=endpoint,
+            dry_run=dry_run,
+            fmt=fmt,
+            resume=resume_command(options=options, endpoint=endpoint, kubeconfig=kubeconfig),
+        ),
+        target=target,
+    )
+
+
+def run_operation(operation: Coroutine[Any, Any, None], *, target: connect.Target) -> None:
+    """Run a rolling operation (``upgrade-k8s``, ``certs renew``) to its end; its failures (a
+    refused precondition, a failed step with the command that continues it, the load balancer)
+    become the command's error message."""
+    try:
+        connect.run(operation, target=target)
     except (OpsError, plan_module.StepFailed) as exc:
         raise click.ClickException(str(exc)) from exc
     except loadbalancer.LoadBalancerError as exc:

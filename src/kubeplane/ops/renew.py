@@ -34,22 +34,19 @@ the CLI implements (and unit tests fake).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import datetime
-import time
-from collections.abc import Awaitable, Callable, Mapping
+import functools
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from kubeplane import plan as plan_module
 from kubeplane.ops import upgrade
-from kubeplane.ops.upgrade import COMPONENTS, ClusterNode, PodState, Rotation, Timing
-from kubeplane.ops.upgrader import Sleep, leave_rotation, wait_until
+from kubeplane.ops.upgrade import ClusterNode, PodState
+from kubeplane.ops.upgrader import RollingExecutor, out_of_rotation
 
 KIND_RENEW = "renew"
 COMPONENT = "kubernetes-certs"
-DEFAULT_TIMING = Timing()
 NOTES = (
     "renewed with the same CAs: the kube-apiserver serving certificate, its kubelet and "
     "front-proxy client certificates, the admin, kube-controller-manager and kube-scheduler "
@@ -163,32 +160,16 @@ class Expiry:
     after: str
 
 
-class Renewer:
+class Renewer(RollingExecutor[Observed, NodeAPI, KubeAPI]):
     """Runs a renewal plan's steps, each deciding from live state (see the module docstring)."""
 
-    def __init__(
-        self,
-        *,
-        observed: Observed,
-        node_api: NodeAPI,
-        kube: KubeAPI,
-        rotation: Rotation,
-        progress: plan_module.Progress,
-        timing: Timing = DEFAULT_TIMING,
-        sleep: Sleep = asyncio.sleep,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.observed = observed
-        self.node_api = node_api
-        self.kube = kube
-        self.rotation = rotation
-        self.progress = progress
-        self.timing = timing
-        self._sleep = sleep
-        self._clock = clock
-        self._nodes = {node.address: node for node in observed.control_plane}
-        #: Each finished step's expiry, in order (what the CLI prints at the end).
-        self.expiries: list[Expiry] = []
+    def _known_nodes(self) -> Iterable[ClusterNode]:
+        return self.observed.control_plane
+
+    @functools.cached_property
+    def expiries(self) -> list[Expiry]:
+        """Each finished step's expiry, in order (what the CLI prints at the end)."""
+        return []
 
     async def run(self, plan: plan_module.Plan, *, resume: str) -> list[plan_module.StepResult]:
         """Execute ``plan``; raises :class:`~kubeplane.plan.StepFailed` naming the step and ``resume``."""
@@ -212,25 +193,16 @@ class Renewer:
             )
         else:
             outcome = plan_module.CHANGED
-        try:
+        async with out_of_rotation(
+            self.rotation, node, self.progress, steer=self._steer(), drain=outcome is plan_module.CHANGED
+        ):
             if outcome is plan_module.CHANGED:
-                if self._steer():
-                    await leave_rotation(self.rotation, node, self.progress)
                 answered_at = await self.node_api.renew(node.address, not_before=cutoff)
                 self.progress.info(
                     f"asked node {node.name} to renew its certificates issued before {timestamp(answered_at)}"
                 )
                 expected = await self._wait_issued(node, answered_at)
-            await self._wait_pods(node, expected)
-        except BaseException:
-            if self._steer():
-                # A failed step never leaves its node out of the rotation; its own error is reported.
-                with contextlib.suppress(Exception):
-                    await self.rotation.restore(node)
-            raise
-        if self._steer():
-            # Also when skipping: a run killed between drain and restore left the node drained.
-            await self.rotation.restore(node)
+            await self._wait_pods_on_secrets(node, expected)
         after = await self.node_api.cert_state(node.address)
         before = self.observed.states[node.address].expires
         self.expiries.append(Expiry(node=node, before=before, after=after.expires))
@@ -239,19 +211,6 @@ class Renewer:
             f"expires {before or '?'} -> {after.expires or '?'}"
         )
         return outcome
-
-    async def _wait(
-        self, check: Callable[[], Awaitable[str | None]], *, timeout: float, describe: str
-    ) -> None:
-        await wait_until(
-            check,
-            timeout=timeout,
-            interval=self.timing.interval,
-            describe=describe,
-            progress=self.progress,
-            sleep=self._sleep,
-            clock=self._clock,
-        )
 
     async def _wait_issued(self, node: ClusterNode, not_before: datetime.datetime) -> int:
         """Wait until the node's secrets carry certificates issued at or after ``not_before``;
@@ -272,32 +231,3 @@ class Renewer:
             describe=f"node {node.name} to write certificates issued at or after {timestamp(not_before)}",
         )
         return found[-1]
-
-    async def _wait_pods(self, node: ClusterNode, expected: int) -> None:
-        """Wait for every control plane pod of ``node`` to run secrets version ``expected`` or later."""
-        for component in COMPONENTS:
-
-            async def check(component: str = component) -> str | None:
-                pod = await self.kube.mirror_pod(node_name=node.name, component=component)
-                if pod is None:
-                    return f"no pod labelled k8s-app={component} on node {node.name} yet"
-                if not _at_least(pod.secrets_version, expected):
-                    return f'secrets version mismatch: got "{pod.secrets_version}", expected "{expected}"'
-                if not pod.ready:
-                    return f"pod {pod.name} on node {node.name} is not Ready yet"
-                return None
-
-            await self._wait(
-                check,
-                timeout=self.timing.pod_timeout,
-                describe=(
-                    f"pod {component} on node {node.name} to run secrets version {expected} and be Ready"
-                ),
-            )
-
-
-def _at_least(version: str | None, expected: int) -> bool:
-    try:
-        return version is not None and int(version) >= expected
-    except ValueError:
-        return False

@@ -3,7 +3,8 @@
 Each step re-reads live state and decides whether it is already done (see
 :mod:`kubeplane.ops.upgrade` for the procedure); every wait polls through
 :meth:`kubeplane.retry.Wait.poll_async`, retrying the typed errors of :data:`RETRYABLE`
-(:func:`wait_until`, which ``certs renew`` shares with :func:`leave_rotation`).
+(:func:`wait_until`). :class:`RollingExecutor` and :func:`out_of_rotation` are what this
+executor shares with ``certs renew``'s (:class:`kubeplane.ops.renew.Renewer`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
 from kubeplane import config as machine_config
 from kubeplane import plan as plan_module
@@ -36,6 +37,7 @@ from kubeplane.ops.upgrade import (
     KubeAPI,
     NodeAPI,
     Observed,
+    PodState,
     Rotation,
     Timing,
 )
@@ -91,15 +93,49 @@ async def leave_rotation(rotation: Rotation, node: ClusterNode, progress: plan_m
     await rotation.drain(node)
 
 
-class Upgrader:
-    """Runs an upgrade plan's steps, each deciding from live state (see the module docstring)."""
+@contextlib.asynccontextmanager
+async def out_of_rotation(
+    rotation: Rotation, node: ClusterNode, progress: plan_module.Progress, *, steer: bool, drain: bool
+) -> AsyncIterator[None]:
+    """Around a step that restarts ``node``'s API server: with ``steer`` (other API servers exist),
+    take the node out of the rotation first when ``drain`` (the step changes something) and put it
+    back afterwards: also when the step did not drain it (a run killed between drain and restore
+    left it out) and when the step fails (its own error is the one raised)."""
+    if steer and drain:
+        await leave_rotation(rotation, node, progress)
+    try:
+        yield
+    except BaseException:
+        if steer:
+            with contextlib.suppress(Exception):
+                await rotation.restore(node)
+        raise
+    if steer:
+        await rotation.restore(node)
+
+
+class MirrorPods(Protocol):
+    """What every rolling operation's Kubernetes API offers: a node's control plane pods."""
+
+    async def mirror_pod(self, *, node_name: str, component: str) -> PodState | None: ...
+
+
+ObservedT = TypeVar("ObservedT")
+NodeAPIT = TypeVar("NodeAPIT")
+KubeAPIT = TypeVar("KubeAPIT", bound=MirrorPods)
+
+
+class RollingExecutor(Generic[ObservedT, NodeAPIT, KubeAPIT]):
+    """What the executors of the rolling operations share: the cluster as observed before the
+    plan, its interfaces (node API, Kubernetes API, load balancer rotation), the progress view,
+    the timing and the polling of :func:`wait_until` (a fake ``sleep`` and ``clock`` in tests)."""
 
     def __init__(
         self,
         *,
-        observed: Observed,
-        node_api: NodeAPI,
-        kube: KubeAPI,
+        observed: ObservedT,
+        node_api: NodeAPIT,
+        kube: KubeAPIT,
         rotation: Rotation,
         progress: plan_module.Progress,
         timing: Timing = DEFAULT_TIMING,
@@ -114,8 +150,56 @@ class Upgrader:
         self.timing = timing
         self._sleep = sleep
         self._clock = clock
-        known = (*observed.control_plane, *observed.pull_nodes, *(node for node, _ in observed.kubelets))
-        self._nodes = {node.address: node for node in known}
+        #: The nodes the steps name, by address.
+        self._nodes = {node.address: node for node in self._known_nodes()}
+
+    def _known_nodes(self) -> Iterable[ClusterNode]:
+        """The nodes the plan's steps may name (from ``observed``)."""
+        raise NotImplementedError
+
+    async def _wait_pods_on_secrets(self, node: ClusterNode, expected: int) -> None:
+        """Wait for every control plane pod of ``node`` to run secrets version ``expected`` or
+        later (the pods' ``kubeplane.dev/secrets-version``) and be Ready."""
+        for component in COMPONENTS:
+
+            async def check(component: str = component) -> str | None:
+                pod = await self.kube.mirror_pod(node_name=node.name, component=component)
+                if pod is None:
+                    return f"no pod labelled k8s-app={component} on node {node.name} yet"
+                if not _at_least(pod.secrets_version, expected):
+                    return f'secrets version mismatch: got "{pod.secrets_version}", expected "{expected}"'
+                if not pod.ready:
+                    return f"pod {pod.name} on node {node.name} is not Ready yet"
+                return None
+
+            await self._wait(
+                check,
+                timeout=self.timing.pod_timeout,
+                describe=(
+                    f"pod {component} on node {node.name} to run secrets version {expected} and be Ready"
+                ),
+            )
+
+    async def _wait(
+        self, check: Callable[[], Awaitable[str | None]], *, timeout: float, describe: str
+    ) -> None:
+        await wait_until(
+            check,
+            timeout=timeout,
+            interval=self.timing.interval,
+            describe=describe,
+            progress=self.progress,
+            sleep=self._sleep,
+            clock=self._clock,
+        )
+
+
+class Upgrader(RollingExecutor[Observed, NodeAPI, KubeAPI]):
+    """Runs an upgrade plan's steps, each deciding from live state (see the module docstring)."""
+
+    def _known_nodes(self) -> Iterable[ClusterNode]:
+        observed = self.observed
+        return (*observed.control_plane, *observed.pull_nodes, *(node for node, _ in observed.kubelets))
 
     async def run(self, plan: plan_module.Plan, *, resume: str) -> list[plan_module.StepResult]:
         """Execute ``plan``; raises :class:`~kubeplane.plan.StepFailed` naming the step and ``resume``.
@@ -147,19 +231,6 @@ class Upgrader:
         return component == APISERVER and len(self.observed.control_plane) > 1
 
     # -- waiting --
-
-    async def _wait(
-        self, check: Callable[[], Awaitable[str | None]], *, timeout: float, describe: str
-    ) -> None:
-        await wait_until(
-            check,
-            timeout=timeout,
-            interval=self.timing.interval,
-            describe=describe,
-            progress=self.progress,
-            sleep=self._sleep,
-            clock=self._clock,
-        )
 
     async def _wait_pod(self, node: ClusterNode, component: str, expected: int) -> None:
         async def check() -> str | None:
@@ -242,27 +313,18 @@ class Upgrader:
             )
         else:
             outcome = plan_module.CHANGED
-        try:
+        async with out_of_rotation(
+            self.rotation,
+            node,
+            self.progress,
+            steer=self._steer(component),
+            drain=outcome is plan_module.CHANGED,
+        ):
             if outcome is plan_module.CHANGED:
-                await self._drain(node, component)
                 await self._set_image(node.address, component, image)
                 expected = await self._wait_config(node, component, image, older_than=current.version)
             await self._wait_pod(node, component, expected)
-        except BaseException:
-            if self._steer(component):
-                # A failed step never leaves its node out of the rotation; the step's own
-                # error is the one reported.
-                with contextlib.suppress(Exception):
-                    await self.rotation.restore(node)
-            raise
-        if self._steer(component):
-            # Also when skipping: a run killed between drain and restore left the node drained.
-            await self.rotation.restore(node)
         return outcome
-
-    async def _drain(self, node: ClusterNode, component: str) -> None:
-        if self._steer(component):
-            await leave_rotation(self.rotation, node, self.progress)
 
     async def _proxy(self, step: plan_module.Step) -> plan_module.Outcome:
         changed = False
@@ -343,3 +405,12 @@ class Upgrader:
         await self.kube.apply_objects(objects)
         self.progress.info(f"applied {len(objects)} bootstrap manifest objects")
         return plan_module.CHANGED
+
+
+def _at_least(version: str | None, expected: int) -> bool:
+    """Whether a pod's secrets version (a label value, maybe absent or not a number) is at least
+    ``expected``."""
+    try:
+        return version is not None and int(version) >= expected
+    except ValueError:
+        return False

@@ -97,8 +97,9 @@ def image_version(image: str) -> Version:
     return Version.parse(tag, what=f"version in the tag of image {image}")
 
 
-def image_patch(document: Mapping[str, Any], path: Sequence[str], value: str) -> list[dict[str, Any]]:
-    """A JSON patch setting ``path`` to ``value``, creating the missing parent mappings.
+def image_patch(document: Mapping[str, Any], path: Sequence[str], value: Any) -> list[dict[str, Any]]:
+    """A JSON patch setting ``path`` to ``value`` (an image, or any value: ``endpoint set`` sets the
+    endpoint and ``certSANs`` with it), creating the missing parent mappings.
 
     The guide warns that a plain ``replace`` fails when the config has no ``cluster.apiServer.image``
     key; ``add`` on the first missing level (with the rest nested in its value) works either way.

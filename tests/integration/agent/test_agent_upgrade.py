@@ -65,6 +65,8 @@ def test_upgrade_re_execs_the_agent_in_place_into_the_new_build(cluster: Cluster
     agent = cluster.boot_agent()
     before = agent_processes(agent)
     assert before and all("kubeplaned" in line or "-c" not in line for line in before.values())
+    first = server_version(cluster, agent)
+    assert first is not None and first["instance"]
     path = build(agent, "next")
 
     result = cluster.kp("-e", agent.address, "upgrade", "--path", path)
@@ -73,6 +75,7 @@ def test_upgrade_re_execs_the_agent_in_place_into_the_new_build(cluster: Cluster
     assert f"node {agent.address}: upgraded and back in" in result.stdout
     server = running(cluster, agent, NEW)
     assert server["maintenance"] is False
+    assert server["instance"] != first["instance"]  # a new agent process
 
     after = agent_processes(agent)
     assert sorted(after) == sorted(before), "the agent kept its PID (and no other process serves it)"
@@ -82,6 +85,13 @@ def test_upgrade_re_execs_the_agent_in_place_into_the_new_build(cluster: Cluster
     log = agent.paths.log("kubeplaned").read_text()
     assert f"exec into /var/lib/kubeplane/agent/{NEW}" in log
     assert log.rindex("booted as") > log.index("exec into")
+
+    # The same build again: the node already says NEW, so the CLI's wait must see a new agent
+    # process (its instance), not just the version; the node answers from that one at once.
+    again = cluster.kp("-e", agent.address, "upgrade", "--path", path)
+    assert f"node {agent.address}: upgraded and back in" in again.stdout
+    now = server_version(cluster, agent)
+    assert now is not None and now["instance"] not in (first["instance"], server["instance"]), now
 
 
 def test_a_broken_build_is_refused_and_nothing_changes(cluster: Cluster) -> None:

@@ -17,7 +17,8 @@ from kubeplane.config.paths import NodePaths
 
 pytestmark = pytest.mark.unit
 
-KNOWN = {"kubeplaned", "controller-runtime", "containerd", "kubelet", "etcd"}
+#: The agent's streams, the supervised services and the time sync's chronyd (``timed``).
+KNOWN = {"kubeplaned", "controller-runtime", "containerd", "kubelet", "etcd", "timed"}
 
 PATHS_AND_ODDITIES = [
     "../../etc/passwd",
