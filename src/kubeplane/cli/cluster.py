@@ -44,7 +44,7 @@ from kubeplane.config import generate as gen
 from kubeplane.ops import convert, health
 from kubeplane.provision import cluster as cluster_mod
 from kubeplane.provision import create as create_mod
-from kubeplane.provision import grow, netns, planning, state, teardown, toolchain
+from kubeplane.provision import dns_image, grow, netns, planning, registry, state, teardown, toolchain
 
 
 def register(group: click.Group) -> None:
@@ -87,6 +87,10 @@ def _service_subnet(name: str) -> str:
     except netns.NetworkError as exc:
         raise cluster_mod.PlanError(str(exc)) from exc
     return planning.service_subnet_for(taken, recorded=recorded)
+
+
+#: Said when another ``cluster create`` holds :func:`~kubeplane.provision.netns.host_routes_lock`.
+WAITING_FOR_ROUTES = "waiting for another cluster create to route its network"
 
 
 @click.group()
@@ -136,6 +140,13 @@ def cluster() -> None:
     f"control plane nodes listen on {planning.WIREGUARD_PORT}, every node peers with every control "
     "plane node, keepalive 5s (runs wireguard-go, which must be installed).",
 )
+@click.option(
+    "--vip",
+    metavar="ADDRESS",
+    help="Make the endpoint https://ADDRESS:6443, a VIP the control plane nodes share (elected in "
+    "etcd, machine.network.interfaces[].vip.ip) instead of haproxy on the host: a free address of "
+    "--cidr, neither the host's nor a node's. `kubeplane get vip` shows its owner.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 def create(
     *,
@@ -154,14 +165,23 @@ def create(
     checkpointer_grace_period: int,
     dns_upstreams: tuple[str, ...],
     wireguard_cidr: str | None,
+    vip: str | None,
     dry_run: bool,
 ) -> None:
-    """Create a local cluster: network, load balancer, registry, one agent per node, bootstrap.
+    """Create a local cluster: network, load balancer (or a VIP), registry, one agent per node, bootstrap.
 
     With --dry-run, print the steps (with the names, addresses and versions this request gets) and
     change nothing; the host checks (root, tools, toolchain, addresses) are not run then.
     """
     timeout = output.parse_duration(wait_timeout)
+    # Held from the choice of the Service subnet until the network step has routed it (or the
+    # command ends), so concurrent creates do not pick the same one.
+    routes_lock = contextlib.ExitStack()
+    click.get_current_context().call_on_close(routes_lock.close)
+    if not dry_run:
+        routes_lock.enter_context(
+            netns.host_routes_lock(waiting=lambda: click.echo(WAITING_FOR_ROUTES, err=True))
+        )
     try:
         request = planning.ClusterRequest(
             name=name,
@@ -177,6 +197,7 @@ def create(
             checkpointer_grace_period=checkpointer_grace_period,
             dns_upstreams=dns_upstreams,
             wireguard_cidr=wireguard_cidr,
+            vip=vip,
         )
         request = dataclasses.replace(request, service_subnet=_service_subnet(name))
         plan = planning.plan(request, progress=click.echo)
@@ -206,7 +227,10 @@ def create(
 
         async def run_step(step: plan_module.Step) -> plan_module.Outcome:
             if step is not waiting:
-                return await creation.run_step(step)
+                outcome = await creation.run_step(step)
+                if step.component == "network":
+                    routes_lock.close()
+                return outcome
             results = await asyncio.to_thread(
                 wait_healthy, creation.created(), timeout=timeout, self_hosted=self_hosted, report=shown
             )
@@ -290,7 +314,12 @@ def _print_cluster(document: dict[str, Any], fmt: output.Format) -> None:
     elif fmt == "yaml":
         click.echo(yaml.safe_dump(document, sort_keys=False), nl=False)
     else:
-        click.echo(f"cluster: {document['name']}\nendpoint: {document['endpoint']}\n")
+        vip = (
+            " (a VIP the control plane nodes share; owner: `kubeplane get vip`)"
+            if document.get("vip")
+            else ""
+        )
+        click.echo(f"cluster: {document['name']}\nendpoint: {document['endpoint']}{vip}\n")
         rows = [[n["name"], n["role"], n["ip"], n["agent"]] for n in document["nodes"]]
         click.echo(output.table(["NAME", "ROLE", "IP", "AGENT"], rows), nl=False)
 
@@ -378,7 +407,12 @@ def add(
         if network is None:
             raise cluster_mod.PlanError(f"cluster {name!r} has no network recorded: destroy and create it")
         additions = grow.plan_additions(
-            name, network.cidr, cluster_state.nodes, controlplanes=controlplanes, workers=workers
+            name,
+            network.cidr,
+            cluster_state.nodes,
+            controlplanes=controlplanes,
+            workers=workers,
+            reserved=[network.vip] if network.vip else [],
         )
         with progress.display() as shown:
             growth = grow.Growth(
@@ -446,19 +480,32 @@ def remove(
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Take the images from this machine config instead.",
 )
-def images(*, kubernetes_version: str, config_file: Path | None) -> None:
-    """Print the images nodes pull (one per line): what an air-gapped registry must hold."""
+@click.option(
+    "--local",
+    is_flag=True,
+    help="The images of a local cluster (`cluster create`): its own cluster DNS image. "
+    "(A config given with -f names its images itself.)",
+)
+def images(*, kubernetes_version: str, config_file: Path | None, local: bool) -> None:
+    """Print the images nodes pull (one per line): what an air-gapped registry must hold.
+
+    Each is printed with its registry host (``docker.io/library/...`` spelled out), so the
+    air-gapped guide's ``sed -E 's#^[^/]+/#HOST:PORT/#'`` gives where a mirror for ``*`` serves it.
+    """
     pause = toolchain.image_ref(toolchain.PAUSE, kubernetes_version)
+    defaults = config_mod.defaults
     if config_file is None:
         refs = [
-            config_mod.defaults.image(repository, kubernetes_version)
+            defaults.image(repository, kubernetes_version)
             for repository in (
-                config_mod.defaults.KUBE_APISERVER_IMAGE,
-                config_mod.defaults.KUBE_CONTROLLER_MANAGER_IMAGE,
-                config_mod.defaults.KUBE_SCHEDULER_IMAGE,
-                config_mod.defaults.KUBE_PROXY_IMAGE,
+                defaults.KUBE_APISERVER_IMAGE,
+                defaults.KUBE_CONTROLLER_MANAGER_IMAGE,
+                defaults.KUBE_SCHEDULER_IMAGE,
+                defaults.KUBE_PROXY_IMAGE,
             )
         ]
+        # A local cluster runs kubeplane's own DNS image (planning sets cluster.coreDNS.image).
+        refs.append(dns_image.image_ref() if local else defaults.DEFAULT_COREDNS_IMAGE)
     else:
         try:
             model = config_mod.load(config_file.read_text()).model
@@ -471,5 +518,7 @@ def images(*, kubernetes_version: str, config_file: Path | None) -> None:
             cluster_config.scheduler_image,
             cluster_config.proxy_image,
         ]
+        if not (cluster_config.core_dns and cluster_config.core_dns.disabled):
+            refs.append(cluster_config.coredns_image)
     for ref in [*refs, pause]:
-        click.echo(ref)
+        click.echo(registry.qualified(ref))

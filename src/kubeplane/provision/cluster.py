@@ -123,7 +123,8 @@ def exists(name: str, *, state_root: Path | None = None) -> bool:
 
 
 def show(name: str, *, state_root: Path | None = None) -> dict[str, Any]:
-    """The cluster as a document: name, endpoint, version, and each node's role, IP and agent."""
+    """The cluster as a document: name, endpoint (and its VIP, if it is one), version, and each
+    node's role, IP and agent."""
     cluster = state_mod.ClusterState.load(name, root=state_root)
     meta = ClusterMeta.load(cluster.directory)
     return {
@@ -134,6 +135,7 @@ def show(name: str, *, state_root: Path | None = None) -> dict[str, Any]:
         "client_config": meta.client_config_path if meta else "",
         "context": meta.context if meta else "",
         "cidr": cluster.network.cidr if cluster.network else "",
+        "vip": cluster.network.vip if cluster.network else "",
         "nodes": [
             {
                 "name": node.name,

@@ -7,15 +7,16 @@ with. Every step records what it makes in the cluster state before it acts, so
 :func:`kubeplane.provision.teardown.destroy` can undo a half-made cluster as well as a whole one:
 
 ``write cluster state`` (metadata and the secrets bundle) → ``create network`` → ``start load
-balancer`` → ``start registry`` (seeded with the images of every complete toolchain build in the
-cache, so an upgrade to another cached version pulls through it; its storage starts as a copy of
-the last seeded one kept in the cache (``registry-storage``), so the pushes mostly find their
-image present) → ``start master nodes`` /
-``start worker nodes`` (one ``kubeplaned`` per node in its network namespace, in maintenance mode,
-each waited for) → ``apply configs`` (insecure apply) → ``bootstrap etcd`` (the first control plane
-node founds etcd) → ``write client config and kubeconfig``. Waiting for health is a step the
-caller adds (the CLI runs :mod:`kubeplane.ops.health`), because ``provision`` and ``ops`` are
-siblings that never import each other.
+balancer`` (not with ``--vip``: the control plane nodes elect the owner of the shared VIP that is
+the endpoint, once they run) → ``start registry`` (seeded with the images of every complete
+toolchain build in the cache, so an upgrade to another cached version pulls through it; its
+storage starts as a copy of the last seeded one kept in the cache (``registry-storage``), so the
+pushes mostly find their image present) → ``start master nodes`` / ``start worker nodes`` (one
+``kubeplaned`` per node in its network namespace, in maintenance mode, each waited for) → ``apply
+configs`` (insecure apply) → ``bootstrap etcd`` (the first control plane node founds etcd) →
+``write client config and kubeconfig``. Waiting for health is a step the caller adds (the CLI runs
+:mod:`kubeplane.ops.health`), because ``provision`` and ``ops`` are siblings that never import
+each other.
 
 A creation is not resumed in place: the resume command of a failed one destroys the half-made
 cluster and creates it again.
@@ -104,6 +105,8 @@ def preflight(
     if os.geteuid() != 0:
         raise PreflightError("local clusters need root (network namespaces, mounts, cgroups): run as root")
     tools = dict(HOST_TOOLS)
+    if cluster_plan.network.vip:
+        del tools["haproxy"]
     if cluster_plan.request.wireguard_cidr is not None:
         tools.update(WIREGUARD_TOOLS)
     missing = [
@@ -233,20 +236,26 @@ class Creation:
             _step(
                 KIND_NETWORK, "network", f"bridge {network.bridge} on {network.cidr}, a namespace per node"
             ),
-            _step(
-                KIND_START,
-                "load balancer",
-                f"haproxy on {network.host_ip}:{lb.API_PORT} to {len(cluster_plan.controlplanes)} "
-                "control plane nodes",
-            ),
-            _step(KIND_START, "registry", f"{cluster_plan.registry_url} holding {seeded}"),
         ]
+        if not network.vip:
+            steps.append(
+                _step(
+                    KIND_START,
+                    "load balancer",
+                    f"haproxy on {network.host_ip}:{lb.API_PORT} to {len(cluster_plan.controlplanes)} "
+                    "control plane nodes",
+                )
+            )
+        steps.append(_step(KIND_START, "registry", f"{cluster_plan.registry_url} holding {seeded}"))
         for role, title in (("controlplane", "master nodes"), ("worker", "worker nodes")):
             members = [node for node in cluster_plan.nodes if node.role == role]
             if members:
                 names = ", ".join(f"{node.name} ({node.ip})" for node in members)
                 steps.append(_step(KIND_START, title, f"{AGENT} in maintenance mode on {names}"))
-        steps.append(_step(KIND_APPLY, "configs", f"{len(cluster_plan.nodes)} machine configs (insecure)"))
+        configs = f"{len(cluster_plan.nodes)} machine configs (insecure)"
+        if network.vip:
+            configs += f"; the control plane nodes elect the owner of the endpoint's VIP {network.vip}"
+        steps.append(_step(KIND_APPLY, "configs", configs))
         first = cluster_plan.controlplanes[0]
         founding = "self-hosted control plane" if cluster_plan.request.self_hosted else "static pods"
         steps.append(_step(KIND_BOOTSTRAP, "etcd", f"founded here, {founding}", node=first.ip))

@@ -8,7 +8,10 @@ of the same role with the new hostname: the cluster's secrets, the patches it wa
 any version an upgrade moved it to. A new control plane node then joins etcd by itself (as a
 learner, promoted once caught up; :mod:`kubeplane.agent.etcd`) and renders its static pods; it
 enters the load balancer only once its etcd member votes and its API server is ready, because
-haproxy puts a server in rotation before its first health check.
+haproxy puts a server in rotation before its first health check. In a cluster whose endpoint is
+a VIP (``cluster create --vip``) there is no load balancer: a new control plane node's config
+carries the VIP like its source's, and it joins the election once its API server answers; its
+address is never the VIP's (:func:`plan_additions` skips it).
 
 Every new node is recorded in the state with ``joined: false`` before anything is made for it and
 marked joined only at the end, so a failed add is undone by ``cluster remove`` (or ``cluster
@@ -19,10 +22,13 @@ Removing a control plane node, in order: it leaves the load balancer rotation (`
 connections); its etcd leadership moves to another member if it leads; its etcd member is removed
 through a remaining control plane node; its Node object is deleted; its agent is stopped (which
 stops the kubelet, the containers and etcd) with whatever it left; its mounts, cgroups, directory,
-veth and namespace go, and the state and the client config context follow. A worker skips the
-etcd and load balancer steps. Before anything changes, :func:`removal_refusal` refuses removals
-that would remove the last control plane node or leave the *healthy* etcd members below quorum;
-the agent checks the quorum again when it removes the member.
+veth and namespace go, and the state and the client config context follow. A worker skips the etcd
+and load balancer steps, and a VIP cluster the load balancer steps: a control plane node that
+holds the VIP when it leaves hands it over as a lost owner does, once its etcd member is removed
+(the VIP's outage is then about the 2 s lease, see docs/ha.md). Before anything changes,
+:func:`removal_refusal` refuses removals that would remove the last control plane node or leave
+the *healthy* etcd members below quorum; the agent checks the quorum again when it removes the
+member.
 
 Errors: :class:`GrowError` (a :class:`~kubeplane.provision.cluster.ClusterError`) and its
 :class:`RemovalRefused` (nothing was changed).
@@ -88,16 +94,20 @@ def plan_additions(
     *,
     controlplanes: int,
     workers: int,
+    reserved: Collection[str] = (),
 ) -> tuple[Addition, ...]:
     """The nodes to add to ``cluster`` (whose nodes are ``nodes``): per role, the unjoined nodes
     of an earlier failed add first, then new ones with the next free number of the role and the
-    next free index of the network. Raises :class:`~kubeplane.provision.cluster.PlanError`."""
+    next free index of the network whose address is not ``reserved`` (the cluster's VIP).
+    Raises :class:`~kubeplane.provision.cluster.PlanError`."""
     if controlplanes < 0 or workers < 0:
         raise PlanError("--controlplanes and --workers take 0 or more")
     if controlplanes + workers == 0:
         raise PlanError("nothing to add: pass --controlplanes N and/or --workers N")
     network = ipaddress.IPv4Network(cidr)
-    taken_indexes = {node.index for node in nodes}
+    # Node N has the (N+1)th address of the network.
+    reserved_indexes = {int(ipaddress.IPv4Address(ip)) - int(network.network_address) - 1 for ip in reserved}
+    taken_indexes = {node.index for node in nodes} | reserved_indexes
     taken_names = {node.name for node in nodes}
     additions: list[Addition] = []
     counts: tuple[tuple[state_mod.Role, int], ...] = (("controlplane", controlplanes), ("worker", workers))
@@ -227,6 +237,11 @@ def sync_context(cluster: state_mod.ClusterState) -> None:
     client_config.save(dataclasses.replace(config, contexts={**config.contexts, meta.context: updated}), path)
 
 
+def balanced(cluster: state_mod.ClusterState) -> bool:
+    """Whether haproxy on the host is the cluster's endpoint (not a VIP the nodes share)."""
+    return not (cluster.network is not None and cluster.network.vip)
+
+
 def _haproxy(cluster: state_mod.ClusterState) -> lb.HAProxy:
     return lb.HAProxy(directory=Path(cluster.dirs["haproxy"]), record=cluster.processes.get("haproxy"))
 
@@ -313,7 +328,7 @@ class Growth:
             steps.append(
                 _step("wait", "etcd member and API server", f"{addition.name} votes, serves", addition.ip)
             )
-        if self.new_controlplanes:
+        if self.new_controlplanes and balanced(self.cluster):
             backends = [n.name for n in self.cluster.nodes if n.role == "controlplane" and n.joined]
             backends += [a.name for a in self.new_controlplanes if a.name not in backends]
             steps.append(_step("update", "load balancer", f"haproxy backends {', '.join(backends)}"))
@@ -543,8 +558,11 @@ class Shrink:
         through = self.remaining[0] if self.remaining else None
         for node in self.nodes:
             if node.role == "controlplane":
+                if balanced(self.cluster):
+                    steps.append(
+                        _step("drain", "load balancer rotation", f"{node.name} out of rotation", node.ip)
+                    )
                 steps += [
-                    _step("drain", "load balancer rotation", f"{node.name} out of rotation", node.ip),
                     _step("move", "etcd leadership", f"away from {node.name} if it leads", node.ip),
                     _step(
                         "remove",
@@ -557,7 +575,7 @@ class Shrink:
                 _step("delete", "Node object", node.name, node.ip),
                 _step("stop", "node", "agent and processes; mounts, directory, veth, namespace", node.ip),
             ]
-        if self.leaving_controlplanes:
+        if self.leaving_controlplanes and balanced(self.cluster):
             backends = ", ".join(n.name for n in self.remaining)
             steps.append(_step("update", "load balancer", f"haproxy backends {backends}"))
         names = ", ".join(node.name for node in self.nodes)

@@ -4,6 +4,12 @@
 validated machine config per node. Together with :func:`kubeplane.provision.create.preflight`
 it runs before anything is created, so a mistake such as a bad ``--config-patch`` fails without
 touching the network or the disk. Raises :class:`~kubeplane.provision.cluster.PlanError`.
+
+With ``--vip`` (:attr:`ClusterRequest.vip`) the cluster's endpoint is a shared address of the
+cluster network instead of haproxy on the host: every control plane config carries it as
+``machine.network.interfaces[].vip.ip`` on the node's cluster interface, the control plane nodes
+elect its owner among themselves (:mod:`kubeplane.services.vip`), and the host reaches it over
+the bridge like any node address. :func:`vip_address` checks it is a free address of that network.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ class ClusterRequest:
     dns_upstreams: tuple[str, ...] = ()
     #: ``--wireguard-cidr``: a WireGuard network between the nodes (:func:`wireguard_interfaces`).
     wireguard_cidr: str | None = None
+    #: ``--vip``: the shared address that is the cluster's endpoint (no haproxy); None: haproxy.
+    vip: str | None = None
 
 
 #: The port control plane nodes listen on for WireGuard (the guide's quick start).
@@ -176,7 +184,9 @@ def plan(
     except (netns.NetworkError, toolchain_mod.ToolchainError) as exc:
         raise PlanError(str(exc)) from exc
     registry_url = f"http://{network.host_ip}:{registry_mod.REGISTRY_PORT}"
-    endpoint = f"https://{network.host_ip}:{lb.API_PORT}"
+    if request.vip is not None:
+        network = dataclasses.replace(network, vip=vip_address(request.vip, network))
+    endpoint = f"https://{network.vip or network.host_ip}:{lb.API_PORT}"
     roles = dict(names)
     cp_ips = tuple(node.ip for node in network.nodes if roles[node.name] == "controlplane")
     options = gen.GenOptions(
@@ -218,6 +228,9 @@ def plan(
                 f"--wireguard-cidr {request.wireguard_cidr} overlaps the cluster network {network.cidr}: "
                 "the tunnel needs addresses of its own (e.g. 10.1.0.0/24)"
             )
+    shared: list[dict[str, object]] = (
+        [{"interface": netns.NODE_INTERFACE, "vip": {"ip": network.vip}}] if network.vip else []
+    )
     nodes = tuple(
         NodePlan(
             name=address.name,
@@ -227,7 +240,10 @@ def plan(
             config=node_config(
                 role_documents[roles[address.name]],
                 hostname=address.name,
-                interfaces=[tunnels[address.name]] if address.name in tunnels else [],
+                interfaces=[
+                    *(shared if roles[address.name] == "controlplane" else []),
+                    *([tunnels[address.name]] if address.name in tunnels else []),
+                ],
             ),
         )
         for address in network.nodes
@@ -243,6 +259,42 @@ def plan(
         secrets=bundle,
         client_config=client_config.ClientConfig(context=name, contexts={name: context}),
     )
+
+
+def vip_address(value: str, network: netns.NetworkPlan) -> str:
+    """``--vip VALUE`` checked against the cluster network: an IPv4 address inside it that is
+    neither its network or broadcast address, nor the host's (the gateway, where the registry
+    listens), nor a node's. Returns it normalised; raises :class:`PlanError` naming the flag.
+
+    Nodes added later by ``cluster add`` skip it (:func:`kubeplane.provision.grow.plan_additions`).
+    """
+    example = network.cidr[-2]
+    try:
+        address = ipaddress.ip_address(value.strip())
+    except ValueError:
+        raise PlanError(f"--vip {value!r} is not an IP address (e.g. {example})") from None
+    if address not in network.cidr:
+        raise PlanError(
+            f"--vip {address} is outside the cluster network {network.cidr}: the host and the nodes "
+            f"reach it over the cluster bridge, so pick a free address in it (e.g. {example})"
+        )
+    if address in (network.cidr.network_address, network.cidr.broadcast_address):
+        raise PlanError(
+            f"--vip {address} is the network or broadcast address of {network.cidr}; pick another "
+            f"(e.g. {example})"
+        )
+    if str(address) == network.host_ip:
+        raise PlanError(
+            f"--vip {address} is the host's address on the cluster bridge (the nodes' gateway); "
+            f"pick a free one (e.g. {example})"
+        )
+    taken = next((node for node in network.nodes if node.ip == str(address)), None)
+    if taken is not None:
+        raise PlanError(
+            f"--vip {address} is the address of node {taken.name}; pick one no node gets "
+            f"(nodes take {network.nodes[0].ip} onwards; e.g. {example})"
+        )
+    return str(address)
 
 
 def without_static_pod_secrets(document: gen.Document) -> gen.Document:

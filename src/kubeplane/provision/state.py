@@ -118,6 +118,9 @@ class NetworkState:
     sysctls: dict[str, str] = dataclasses.field(default_factory=dict)
     #: Host routes this cluster added: destination CIDR → gateway (a node), on the bridge.
     routes: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: The control plane's shared VIP, the cluster's endpoint (``cluster create --vip``): no node
+    #: is given this address and no load balancer runs. Empty: haproxy on :attr:`host_ip`.
+    vip: str = ""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NetworkState:
@@ -130,6 +133,7 @@ class NetworkState:
             links=[str(x) for x in data.get("links", [])],
             sysctls={str(k): str(v) for k, v in data.get("sysctls", {}).items()},
             routes={str(k): str(v) for k, v in data.get("routes", {}).items()},
+            vip=str(data.get("vip", "")),
         )
 
 

@@ -97,6 +97,10 @@ def render_args(
         "peer-key-file": str(certs.peer_key),
         "peer-trusted-ca-file": str(certs.ca),
         "peer-client-cert-auth": "true",
+        # A member cut off from the others (a node that lost its link) keeps campaigning; without
+        # the pre-vote phase it comes back with a higher term and deposes a healthy leader, which
+        # costs the API a failed request (etcd 3.4's default is off; 3.5 turned it on).
+        "pre-vote": "true",
     }
     if initial_cluster:
         flags["initial-cluster"] = ",".join(f"{member}={url}" for member, url in initial_cluster.items())

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -56,6 +57,18 @@ class Status:
     owner: str = ""
     held: bool = False
     reason: str = ""
+
+
+async def _to_the_end(call: Callable[[], object]) -> None:
+    """Run a blocking network call in a thread and wait for its end even when cancelled meanwhile
+    (then re-raise): a thread cannot be stopped, and an address it renewed, or an announcement it
+    sent, after the give-up's release would make this node a second owner of the VIP."""
+    done = asyncio.ensure_future(asyncio.to_thread(call))
+    try:
+        await asyncio.shield(done)
+    except asyncio.CancelledError:
+        await asyncio.wait([done])
+        raise
 
 
 class Election:
@@ -150,10 +163,10 @@ class Election:
             reason = tenure.verdict(self.clock())
             if reason is not None:
                 return reason
-            await asyncio.to_thread(self.network.hold, self.address, self.timing.lifetime)
+            await _to_the_end(functools.partial(self.network.hold, self.address, self.timing.lifetime))
             if announcements > 0:
                 announcements -= 1
-                await asyncio.to_thread(self.network.announce, self.address)
+                await _to_the_end(functools.partial(self.network.announce, self.address))
             if not self.status.held:
                 log.info("took %s on %s", self.address.cidr, self.address.link)
                 self._set(Status(owner=self.node, held=True, reason="elected"))

@@ -12,9 +12,10 @@ from click.testing import CliRunner
 from kubeplane import pki
 from kubeplane.cli import cluster as cluster_cli
 from kubeplane.cli import output
+from kubeplane.cli import upgrade as cli_upgrade
 from kubeplane.config import generate as gen
 from kubeplane.ops import health
-from kubeplane.provision import cluster, leftovers, planning
+from kubeplane.provision import cluster, dns_image, leftovers, planning, state
 from kubeplane.provision import create as create_mod
 
 pytestmark = pytest.mark.unit
@@ -197,8 +198,31 @@ def test_images_lists_what_nodes_pull() -> None:
         "k8s.gcr.io/kube-controller-manager:v1.20.2",
         "k8s.gcr.io/kube-scheduler:v1.20.2",
         "k8s.gcr.io/kube-proxy:v1.20.2",
+        "k8s.gcr.io/coredns:1.7.0",
         "k8s.gcr.io/pause:3.2",
     ]
+
+
+def test_images_of_a_local_cluster_name_its_dns_image_with_the_registry_host() -> None:
+    result = CliRunner().invoke(cluster_cli.images, ["--local"])
+    assert result.exit_code == 0, result.output
+    assert f"docker.io/{dns_image.image_ref()}" in result.output.split()
+    assert "k8s.gcr.io/coredns:1.7.0" not in result.output
+
+
+def test_images_of_a_config_follow_its_images(tmp_path: Path, secrets: gen.SecretsBundle) -> None:
+    plan = _plan(secrets, name="imgs")
+    config = tmp_path / "controlplane.yaml"
+    config.write_text(plan.controlplanes[0].config)
+    result = CliRunner().invoke(cluster_cli.images, ["-f", str(config)])
+    assert result.exit_code == 0, result.output
+    assert result.output.split()[-2:] == [f"docker.io/{dns_image.image_ref()}", "k8s.gcr.io/pause:3.2"]
+    document = yaml.safe_load(plan.controlplanes[0].config)
+    document["cluster"]["coreDNS"] = {"disabled": True}
+    config.write_text(yaml.safe_dump(document))
+    result = CliRunner().invoke(cluster_cli.images, ["-f", str(config)])
+    assert result.exit_code == 0, result.output
+    assert not [line for line in result.output.split() if "dns" in line]
 
 
 def test_health_runs_every_check_and_names_failing_nodes() -> None:
@@ -348,3 +372,109 @@ def test_wireguard_cidr_mistakes_are_plan_errors(secrets: gen.SecretsBundle, cid
     with pytest.raises(cluster.PlanError) as caught:
         _plan(secrets, name="demo", wireguard_cidr=cidr)
     assert message in str(caught.value)
+
+
+def test_a_vip_is_the_endpoint_and_every_control_plane_carries_it(secrets: gen.SecretsBundle) -> None:
+    plan = _plan(secrets, name="demo", controlplanes=3, workers=1, vip="10.5.0.250")
+    assert plan.endpoint == "https://10.5.0.250:6443"
+    assert plan.network.vip == "10.5.0.250"
+    assert "10.5.0.250" not in [n.ip for n in plan.nodes]
+    for node in plan.controlplanes:
+        doc = _doc(node)
+        assert doc["machine"]["network"]["interfaces"] == [{"interface": "eth0", "vip": {"ip": "10.5.0.250"}}]
+        assert doc["cluster"]["controlPlane"]["endpoint"] == "https://10.5.0.250:6443"
+        assert "10.5.0.250" in doc["cluster"]["apiServer"]["certSANs"]
+    worker = _doc(plan.workers[0])
+    assert "interfaces" not in worker["machine"]["network"]  # a VIP is only for control planes
+    assert worker["cluster"]["controlPlane"]["endpoint"] == "https://10.5.0.250:6443"
+    # The node API still goes to the nodes themselves, never through the moving VIP.
+    assert plan.client_config.contexts["demo"].endpoints == ("10.5.0.2", "10.5.0.3", "10.5.0.4")
+
+
+def test_a_vip_keeps_the_wireguard_interface_beside_it(secrets: gen.SecretsBundle) -> None:
+    plan = _plan(secrets, name="demo", workers=0, vip="10.5.0.250", wireguard_cidr="10.1.0.0/24")
+    interfaces = _doc(plan.nodes[0])["machine"]["network"]["interfaces"]
+    assert [(i["interface"], "vip" in i, "wireguard" in i) for i in interfaces] == [
+        ("eth0", True, False),
+        ("wg0", False, True),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("vip", "message"),
+    [
+        ("ten", "--vip 'ten' is not an IP address (e.g. 10.5.0.254)"),
+        ("10.6.0.9", "--vip 10.6.0.9 is outside the cluster network 10.5.0.0/24"),
+        ("fd00::9", "--vip fd00::9 is outside the cluster network 10.5.0.0/24"),
+        ("10.5.0.0", "--vip 10.5.0.0 is the network or broadcast address of 10.5.0.0/24"),
+        ("10.5.0.255", "--vip 10.5.0.255 is the network or broadcast address of 10.5.0.0/24"),
+        ("10.5.0.1", "--vip 10.5.0.1 is the host's address on the cluster bridge (the nodes' gateway)"),
+        ("10.5.0.3", "--vip 10.5.0.3 is the address of node demo-worker-1"),
+    ],
+)
+def test_vip_mistakes_are_plan_errors_naming_the_flag(
+    secrets: gen.SecretsBundle, vip: str, message: str
+) -> None:
+    with pytest.raises(cluster.PlanError) as caught:
+        _plan(secrets, name="demo", vip=vip)
+    assert message in str(caught.value)
+
+
+def test_cli_dry_run_with_a_vip_starts_no_load_balancer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _forbid(monkeypatch, tmp_path, "preflight")
+    result = CliRunner().invoke(
+        cluster_cli.cluster,
+        ["create", "--name", "demo", "--controlplanes", "3", "--vip", "10.5.0.200", "--dry-run"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "load balancer" not in result.stdout and "haproxy" not in result.stdout
+    assert "the control plane nodes elect the owner of the endpoint's VIP 10.5.0.200" in result.stdout
+    refused = CliRunner().invoke(
+        cluster_cli.cluster, ["create", "--name", "demo", "--vip", "10.5.0.2", "--dry-run"]
+    )
+    assert refused.exit_code == 1
+    assert "--vip 10.5.0.2 is the address of node demo-controlplane-1" in refused.output
+    assert "nothing was created" in refused.output
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_vip_cluster_needs_no_haproxy_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = planning.plan(planning.ClusterRequest(name="demo", vip="10.5.0.200"))
+    monkeypatch.setattr(create_mod.os, "geteuid", lambda: 0)
+    found = {tool for tool in create_mod.HOST_TOOLS if tool != "haproxy"}
+    monkeypatch.setattr(
+        create_mod.shutil, "which", lambda tool: f"/usr/bin/{tool}" if tool in found else None
+    )
+
+    class Stop(Exception):
+        pass
+
+    def stop(*_: object, **__: object) -> None:
+        raise Stop
+
+    monkeypatch.setattr(create_mod, "agent_command", stop)
+    with pytest.raises(Stop):  # past the host tools check: haproxy was not asked for
+        create_mod.preflight(plan, toolchain=None)  # type: ignore[arg-type]
+    with pytest.raises(cluster.PreflightError, match="haproxy"):
+        create_mod.preflight(planning.plan(planning.ClusterRequest(name="demo")), toolchain=None)  # type: ignore[arg-type]
+
+
+def test_upgrades_of_a_vip_cluster_run_without_a_load_balancer_rotation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`upgrade-k8s` and `certs renew` drain haproxy servers in a local cluster that has one; a
+    VIP cluster's state has no haproxy directory, and they go on without a rotation."""
+    monkeypatch.setenv(state.STATE_ENV, str(tmp_path))
+    plan = planning.plan(planning.ClusterRequest(name="demo", controlplanes=3, workers=0, vip="10.5.0.200"))
+    recorded = state.ClusterState.open("demo")
+    recorded.network = state.NetworkState(
+        cidr="10.5.0.0/24", host_ip="10.5.0.1", bridge="kp-demo", vip="10.5.0.200"
+    )
+    recorded.nodes = [
+        state.NodeState(name=n.name, role=n.role, index=i, ip=n.ip, netns=n.netns, host_veth="")
+        for i, n in enumerate(plan.nodes, start=1)
+    ]
+    recorded.save()
+    assert cli_upgrade.local_rotation([n.ip for n in plan.nodes]) is None

@@ -209,3 +209,41 @@ def test_removing_an_unknown_node_is_refused_listing_the_nodes(running: state.Cl
         PlanError, match="has no node e2e1-controlplane-9; its nodes are e2e1-controlplane-1, e2e1-worker-1"
     ):
         grow.Shrink(running, ["e2e1-controlplane-9"])
+
+
+def test_new_nodes_never_take_the_vips_address() -> None:
+    added = grow.plan_additions(
+        "e2e1", CIDR, ONE_PLUS_ONE, controlplanes=2, workers=0, reserved=["10.5.21.4"]
+    )
+    assert [(a.name, a.index, a.ip) for a in added] == [
+        ("e2e1-controlplane-2", 4, "10.5.21.5"),
+        ("e2e1-controlplane-3", 5, "10.5.21.6"),
+    ]
+
+
+def test_a_vip_cluster_adds_and_removes_without_load_balancer_steps(running: state.ClusterState) -> None:
+    assert running.network is not None
+    running.network.vip = "10.5.21.250"
+    additions = grow.plan_additions("e2e1", CIDR, running.nodes, controlplanes=1, workers=0)
+    added = [s.component for s in grow.Growth(running, additions).plan().steps]
+    assert added == [
+        "node records",
+        "network",
+        "node agents",
+        "configs",
+        "etcd member and API server",
+        "client config",
+    ]
+    running.nodes = [*ONE_PLUS_ONE, _node("e2e1-controlplane-2", "controlplane", 3)]
+    steps = grow.Shrink(running, ["e2e1-controlplane-2"]).plan().steps
+    assert [s.component for s in steps] == ["etcd leadership", "etcd member", "Node object", "node"]
+
+
+def test_the_vip_round_trips_in_the_state_and_old_states_have_none(tmp_path: Path) -> None:
+    cluster = state.ClusterState.open("e2e1", root=tmp_path)
+    cluster.network = state.NetworkState(cidr=CIDR, host_ip="10.5.21.1", bridge="kp-e2e1", vip="10.5.21.250")
+    cluster.save()
+    loaded = state.ClusterState.load("e2e1", root=tmp_path)
+    assert loaded.network is not None and loaded.network.vip == "10.5.21.250"
+    old = {"cidr": CIDR, "host_ip": "10.5.21.1", "bridge": "kp-e2e1"}
+    assert state.NetworkState.from_dict(old).vip == ""

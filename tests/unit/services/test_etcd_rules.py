@@ -39,6 +39,7 @@ def test_bootstrap_args_start_a_single_member_cluster_with_tls_everywhere() -> N
     assert flags["initial-cluster"] == "cp1=https://10.5.0.2:2380"
     assert flags["initial-cluster-state"] == "new"
     assert flags["client-cert-auth"] == flags["peer-client-cert-auth"] == "true"
+    assert flags["pre-vote"] == "true", "a member that was cut off does not depose the leader"
     assert flags["trusted-ca-file"] == flags["peer-trusted-ca-file"] == "/n/system/secrets/etcd/ca.crt"
     # extra args replace rendered flags and add new ones
     assert flags["advertise-client-urls"] == "https://cp1:2379"

@@ -92,7 +92,7 @@ def test_unimplemented_fields_are_reported_and_conflicts_are_errors() -> None:
             interfaces=[
                 {"interface": "eth0", "mtu": 1400, "dhcp": True},
                 {"interface": "eth0", "mtu": 9000},
-                {"interface": "bond0", "bond": {"interfaces": ["eth1"]}},
+                {"interface": "bond0", "bond": {"interfaces": ["eth1"], "peerNotifyDelay": 100}},
                 {"interface": "eth0", "routes": [{"network": "10.9.0.0/16", "gateway": "10.5.0.1"}]},
                 {"interface": "eth0", "routes": [{"network": "10.9.0.0/16", "gateway": "10.5.0.9"}]},
             ]
@@ -100,7 +100,8 @@ def test_unimplemented_fields_are_reported_and_conflicts_are_errors() -> None:
     )
     assert wanted.unsupported == (
         "machine.network.interfaces[0].dhcp: " + machinenet._NOT_IMPLEMENTED["dhcp"],
-        "machine.network.interfaces[2].bond: " + machinenet._NOT_IMPLEMENTED["bond"],
+        "machine.network.interfaces[2].bond.peerNotifyDelay: not applied: pyroute2, kubeplane's netlink "
+        "library, has no attribute for it",
     )
     assert wanted.errors == (
         "machine.network.interfaces[1].mtu: eth0 has mtu 1400 in machine.network.interfaces[0] already",

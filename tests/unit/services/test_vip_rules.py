@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import socket
+import threading
 from typing import Any
 
 import httpx
@@ -15,7 +16,7 @@ import pytest
 
 from kubeplane.clients import etcd as etcd_client
 from kubeplane.config import models
-from kubeplane.services import machinenet, vip
+from kubeplane.services import machinenet, vip, vip_election
 
 pytestmark = pytest.mark.unit
 
@@ -168,3 +169,75 @@ def test_create_that_lost_returns_the_current_holder() -> None:
     result, _ = create(answer)
     assert not result.created and result.revision == 9
     assert result.current is not None and result.current.value == b"other" and result.current.lease == 5
+
+
+class _BlockingHoldNetwork:
+    """A VIP network whose ``hold`` blocks until ``go`` is set; records the calls in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.holding = threading.Event()
+        self.go = threading.Event()
+
+    def hold(self, address: vip.Vip, lifetime: int) -> None:
+        self.calls.append("hold started")
+        self.holding.set()
+        self.go.wait(10)
+        self.calls.append("hold ended")
+
+    def release(self, address: vip.Vip) -> bool:
+        self.calls.append("release")
+        return True
+
+    def announce(self, address: vip.Vip) -> None:
+        self.calls.append("announce")
+
+
+class _WinningEtcd:
+    """Just enough etcd for an election this node wins."""
+
+    def __init__(self) -> None:
+        self.revoked: list[int] = []
+
+    async def lease_grant(self, ttl: int) -> etcd_client.Lease:
+        return etcd_client.Lease(id=7, ttl=ttl)
+
+    async def create(self, key: bytes, value: bytes, *, lease: int) -> etcd_client.CreateResult:
+        return etcd_client.CreateResult(created=True, revision=1)
+
+    async def lease_keepalive(self, lease_id: int, *, timeout: float) -> int:
+        return 2
+
+    async def lease_revoke(self, lease_id: int) -> None:
+        self.revoked.append(lease_id)
+
+
+def test_a_cancelled_election_releases_the_address_only_after_a_renewal_in_flight_ended() -> None:
+    # A thread cannot be cancelled: a renewal still running after the give-up's release would put
+    # the address back, and the node would hold the VIP beside the next owner.
+    network = _BlockingHoldNetwork()
+    etcd = _WinningEtcd()
+
+    async def healthy() -> bool:
+        return True
+
+    async def scenario() -> None:
+        election = vip_election.Election(
+            etcd=etcd,  # type: ignore[arg-type]
+            address=vip.Vip(link="eth0", ip="10.5.0.250", field="machine.network.interfaces[0].vip"),
+            node="cp1",
+            network=network,
+            healthy=healthy,
+        )
+        task = asyncio.create_task(election.run())
+        assert await asyncio.to_thread(network.holding.wait, 5), "the election won and renews the address"
+        task.cancel()
+        await asyncio.sleep(0.2)
+        assert network.calls[-1] == "hold started", "the give-up waits for the renewal in flight"
+        network.go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert network.calls[-2:] == ["hold ended", "release"], network.calls
+    assert etcd.revoked == [7], "then the lease is revoked"

@@ -14,8 +14,12 @@ comes back) it
    netlink, and plans the changes between them (:func:`kubeplane.services.machinenet.plan`):
    pure, and all-or-nothing, so a config with an interface the node lacks changes nothing (no
    WireGuard device is made either) and says why in ``network/MachineNetworkStatuses/current``
-   (``errors``, naming the config field);
-2. applies the plan over netlink (:mod:`kubeplane.services.machinenet_io`): links up and their
+   (``errors``, naming the config field); a plan that makes bonds or VLANs also needs the kernel
+   to have those link kinds (asked without making anything,
+   :func:`kubeplane.services.machinenet_io.supports`): without one, the error names the missing
+   kernel feature and nothing is changed;
+2. applies the plan over netlink (:mod:`kubeplane.services.machinenet_io`): bonds made and their
+   slaves enslaved, VLAN links made (undone again should the apply fail), links up and their
    MTU, addresses and main-table routes marked with protocol 76, removing only what carries that
    mark, so the provisioner's primary address and everyone else's routes are never touched;
 3. sets the UTS hostname when ``hostname`` is set and differs (a local cluster node already has
@@ -56,6 +60,8 @@ class NodeNetwork(Protocol):
 
     def apply(self, plan: machinenet.Plan, observed: machinenet.Observed) -> None: ...
 
+    def supports(self, kind: str) -> bool: ...
+
     def hostname(self) -> str: ...
 
     def set_hostname(self, name: str) -> None: ...
@@ -79,6 +85,9 @@ class NetlinkNetwork:
 
     def apply(self, plan: machinenet.Plan, observed: machinenet.Observed) -> None:
         machinenet_io.apply(plan, observed)
+
+    def supports(self, kind: str) -> bool:
+        return machinenet_io.supports(kind)
 
     def hostname(self) -> str:
         return machinenet_io.hostname()
@@ -162,8 +171,14 @@ class MachineNetworkController:
         """The errors that keep ``wanted`` from being applied, before anything is made: the
         config's own, and the plan's against the node with its WireGuard devices (blocking)."""
         observed = self.network.observe()
-        errors = wanted.errors or machinenet.plan(wanted, machinenet.with_devices(wanted, observed)).errors
-        return _Outcome(observed=observed, errors=errors)
+        plan = machinenet.plan(wanted, machinenet.with_devices(wanted, observed))
+        return _Outcome(observed=observed, errors=plan.errors or self._kernel_errors(plan))
+
+    def _kernel_errors(self, plan: machinenet.Plan) -> tuple[str, ...]:
+        """The links ``plan`` would make whose kind the kernel lacks, as errors (blocking)."""
+        return machinenet.kernel_errors(
+            plan, [kind for kind in plan.new_kinds if not self.network.supports(kind)]
+        )
 
     def _apply(self, wanted: machinenet.Desired, logger: ControllerLogger) -> _Outcome:
         """Configure the WireGuard devices, plan against the node and apply (blocking: runs in a
@@ -173,14 +188,23 @@ class MachineNetworkController:
                 logger.info("configured %s with %d peers (%s)", device.name, len(device.peers), device.field)
         observed = self.network.observe()
         plan = machinenet.plan(wanted, observed)
-        if plan.errors:
-            return _Outcome(observed=observed, errors=plan.errors)
+        errors = plan.errors or self._kernel_errors(plan)
+        if errors:
+            return _Outcome(observed=observed, errors=errors)
         if not plan.empty:
             self.network.apply(plan, observed)
+            for bond in plan.create_bonds:
+                logger.info("made bond %s (%s)", bond.name, bond.field)
+            for slave, bond_name in plan.enslave:
+                logger.info("made %s a slave of %s", slave, bond_name)
+            for vlan in plan.create_vlans:
+                logger.info("made VLAN %s (%s)", vlan.name, vlan.field)
             for route in plan.remove_routes:
                 logger.info("removed route %s metric %d", route.network, route.metric)
             for address in plan.remove_addresses:
                 logger.info("removed address %s from %s", address.cidr, address.link)
+            for name in plan.delete_links:
+                logger.info("deleted %s, which left the config", name)
             for name, mtu in plan.set_mtu:
                 logger.info("set mtu %d on %s", mtu, name)
             for name in plan.set_up:

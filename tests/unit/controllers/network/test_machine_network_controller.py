@@ -326,3 +326,89 @@ def test_a_missing_interface_keeps_the_wireguard_device_from_being_made(tmp_path
         assert status(state)["errors"] == []
 
     run([ctl], body)
+
+
+BOND0 = {
+    "interface": "bond0",
+    "cidr": "192.168.10.2/24",
+    "bond": {"mode": "802.3ad", "lacpRate": "fast", "miimon": 100, "interfaces": ["eth1", "eth2"]},
+}
+
+
+class SimulatedBonding(SimulatedWireguard):
+    """A node with two more NICs whose kernel has the link kinds in ``kinds``; applying a plan
+    makes its bonds (up, with their slaves) as the kernel would."""
+
+    def __init__(self, kinds: set[str]) -> None:
+        super().__init__()
+        self.kinds = kinds
+        self.asked: list[str] = []
+        self.observed = dataclasses.replace(
+            self.observed,
+            links={
+                **self.observed.links,
+                "eth1": ObservedLink("eth1", 3, 1500, True, "UP"),
+                "eth2": ObservedLink("eth2", 4, 1500, True, "UP"),
+            },
+        )
+
+    def supports(self, kind: str) -> bool:
+        self.asked.append(kind)
+        return kind in self.kinds
+
+    async def converge(self, names: Iterable[str]) -> list[str]:
+        keep = dict(self.observed.links)
+        started = await super().converge(names)
+        self.observed = dataclasses.replace(self.observed, links={**keep, **self.observed.links})
+        return started
+
+    def apply(self, plan: machinenet.Plan, observed: machinenet.Observed) -> None:
+        links = dict(observed.links)
+        for index, bond in enumerate(plan.create_bonds, start=20):
+            links[bond.name] = ObservedLink(bond.name, index, 1500, True, "UP", kind="bond")
+        for slave, bond_name in plan.enslave:
+            links[slave] = dataclasses.replace(links[slave], master=bond_name)
+        super().apply(plan, dataclasses.replace(observed, links=links))
+
+
+def test_a_kernel_without_bonding_is_named_in_the_status_and_nothing_is_made(tmp_path: Path) -> None:
+    node = SimulatedBonding(kinds=set())
+    (tmp_path / "etc").mkdir()
+    ctl = machine_network.MachineNetworkController(
+        paths=NodePaths(tmp_path), network=node, wireguard=node, retry_interval=0.05
+    )
+
+    async def body(state: State) -> None:
+        publish_config(state, config({"interfaces": [WG0, BOND0]}))
+        await eventually(lambda: status(state).get("errors"), what="the error")
+        assert status(state)["errors"] == [
+            "machine.network.interfaces[1].bond: bond0: the kernel has no bonding driver (CONFIG_BONDING, "
+            "module bonding); nothing of machine.network is applied"
+        ]
+        assert node.asked[0] == "bond"
+        # Asked before anything was made: no WireGuard device, no plan applied, no slave touched.
+        assert node.applied == [] and "wg0" not in node.observed.links
+        assert node.observed.links["eth1"].master is None
+        assert specs(state, catalog.MACHINE_LINKS)["bond0"]["operState"] == "MISSING"
+
+    run([ctl], body)
+
+
+def test_a_bond_is_made_when_the_kernel_has_bonding(tmp_path: Path) -> None:
+    node = SimulatedBonding(kinds={"bond"})
+    (tmp_path / "etc").mkdir()
+    ctl = machine_network.MachineNetworkController(
+        paths=NodePaths(tmp_path), network=node, wireguard=node, retry_interval=0.05
+    )
+
+    async def body(state: State) -> None:
+        publish_config(state, config({"interfaces": [BOND0]}))
+        await eventually(lambda: specs(state, catalog.MACHINE_ADDRESSES), what="the bond's address")
+        assert status(state)["errors"] == []
+        (plan,) = node.applied
+        assert [bond.name for bond in plan.create_bonds] == ["bond0"]
+        assert plan.enslave == (("eth1", "bond0"), ("eth2", "bond0"))
+        assert specs(state, catalog.MACHINE_LINKS)["bond0"]["operState"] == "UP"
+        assert list(specs(state, catalog.MACHINE_ADDRESSES)) == ["bond0/192.168.10.2/24"]
+
+    run([ctl], body)
