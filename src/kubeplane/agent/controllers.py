@@ -23,6 +23,7 @@ from kubeplane.controllers.secrets import etcd as etcd_secrets
 from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
 from kubeplane.controllers.secrets import render as render_secrets
 from kubeplane.controllers.secrets import render_etcd, root
+from kubeplane.controllers.timesync import time_sync
 from kubeplane.runtime import Controller
 from kubeplane.services import wireguard_io
 
@@ -47,4 +48,5 @@ def for_node(*, paths: NodePaths, wireguard: wireguard_io.Daemons) -> list[Contr
         pod_network.PodNetworkController(paths=paths),
         machine_network.MachineNetworkController(paths=paths, wireguard=wireguard),
         vip.VipController(),
+        time_sync.TimeSyncController(paths=paths),
     ]

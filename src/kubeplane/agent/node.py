@@ -10,9 +10,10 @@ order, promotes a staged config, and boots again: the agent process stays, as a 
 stay powered, but everything the config drives restarts. Only the machine config files survive
 (REFERENCE.md §2: state is rebuilt from the config at start).
 
-An agent upgrade (:meth:`Node.upgrade`, :mod:`kubeplane.agent.upgrade`) stops the node as a reboot
-does, then replaces the agent's code: the process re-executes itself into the new build, keeping
-its PID; a build staged for later is started by the next reboot or start of the agent.
+An agent upgrade (:meth:`Node.upgrade`, :mod:`kubeplane.agent.upgrade`) lets a kube-apiserver
+shut down gracefully, stops the node as a reboot does, then replaces the agent's code: the process
+re-executes itself into the new build, keeping its PID; a build staged for later is started by
+the next reboot or start of the agent.
 
 Config changes are serialised by one lock; a rejected config changes nothing on disk or in the
 state.
@@ -37,6 +38,7 @@ import datetime
 import fcntl
 import functools
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -45,7 +47,7 @@ import struct
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
@@ -73,10 +75,17 @@ from kubeplane.services import logs as service_logs
 from kubeplane.services import supervisor, vip, wireguard_io
 
 log = logging.getLogger("kubeplaned")
+T = TypeVar("T")
 
 #: Delay between answering a call and acting on it (reboot, leaving maintenance), so the answer
 #: reaches the caller before the API server restarts.
 _ACT_AFTER = 0.2
+#: How long an upgrading node waits for its kube-apiserver's graceful shutdown (requests in flight
+#: finish, idle client connections are closed) before its services stop as in a reboot, which
+#: kills what is left; the rest of that shutdown is waiting for long-running watches.
+APISERVER_STOP_TIMEOUT = 10.0
+#: The CRI label naming a container within its pod.
+_CONTAINER_NAME_LABEL = "io.kubernetes.container.name"
 #: Lifetime of an admin kubeconfig issued by the node when the secrets have none yet.
 _ADMIN_KUBECONFIG_LIFETIME = datetime.timedelta(days=365)
 #: Bounds of the wait between a worker's attempts to get its node API certificate, in seconds.
@@ -240,6 +249,7 @@ class Node:
                 name=self.name,
                 node_ip=addresses[0] if addresses else "127.0.0.1",
                 state=state,
+                emit=functools.partial(self.events.emit, "sequence", "time"),
             )
             services.supervisor.add_observer(self._report_service)
             await services.start()
@@ -594,6 +604,14 @@ class Node:
                     # restart) starts from the saved config, not the one the node booted with.
                     self.services.document = new
                 result["message"] = "config applied immediately"
+                endpoint_changed = (
+                    old.model.cluster.control_plane.endpoint != new.model.cluster.control_plane.endpoint
+                )
+                if self._certificate_wait is None and endpoint_changed and self.services is not None:
+                    # The kubelet's kubeconfig names the endpoint: it is rewritten as the
+                    # kubelet restarts (its containers keep running).
+                    await self.services.reconfigure_kubelet(new)
+                    result["message"] += "; the kubelet restarts to reach the new endpoint"
                 if self._certificate_wait is not None:
                     # The boot has not finished: it retries now with the new config, and the
                     # kubelet restarts with it (its bootstrap kubeconfig names the endpoint).
@@ -794,17 +812,27 @@ class Node:
         etcd = self.services.etcd if self.services is not None else None
         if etcd is None:
             return None
+        return await self._etcd_member_check(
+            functools.partial(etcd.leave_plan, force=False),
+            refused=f"refusing {what} of {self.name}",
+            unreachable=f"{what} must leave etcd first; reset with --graceful=false and remove the "
+            "member from a healthy node after",
+        )
+
+    async def _etcd_member_check(
+        self, check: Callable[[], Awaitable[T]], *, refused: str, unreachable: str
+    ) -> T | None:
+        """Run ``check``, a question to etcd before this node's member goes away or down: None
+        when the node is no member; etcd's refusal (its quorum) as FailedPreconditionError after
+        ``refused``; etcd not answering as UnavailableError ending with ``unreachable``."""
         try:
-            return await etcd.leave_plan(force=False)
+            return await check()
         except EtcdRefused as exc:
             if "is not an etcd member" in str(exc):
                 return None
-            raise api.FailedPreconditionError(f"refusing {what} of {self.name}: {exc}") from exc
+            raise api.FailedPreconditionError(f"{refused}: {exc}") from exc
         except client_errors.EtcdError as exc:
-            raise api.UnavailableError(
-                f"etcd on {self.name} does not answer ({exc}): {what} must leave etcd first; reset with "
-                "--graceful=false and remove the member from a healthy node after"
-            ) from exc
+            raise api.UnavailableError(f"etcd on {self.name} does not answer ({exc}): {unreachable}") from exc
 
     async def _leave_etcd(self, member_id: int) -> None:
         """Move etcd leadership away, then remove this node's member (see :meth:`reset`)."""
@@ -857,6 +885,8 @@ class Node:
                 "version": build.version,
                 "staged": stage,
                 "preserve": keep,
+                # The CLI waits for a control plane node's kube-apiserver before it is "back".
+                "control_plane": control_plane,
             }
             if stage:
                 await asyncio.to_thread(node_upgrade.record_active, self.paths, build)
@@ -885,27 +915,64 @@ class Node:
         return {**summary, "message": f"node {self.name} restarts into kubeplaned {build.version}, {kept}"}
 
     async def _etcd_outage_check(self, etcd: EtcdMember) -> None:
-        try:
-            await etcd.outage_plan()
-        except EtcdRefused as exc:
-            if "is not an etcd member" in str(exc):
-                return
-            raise api.FailedPreconditionError(f"refusing to upgrade {self.name}: {exc}") from exc
-        except client_errors.EtcdError as exc:
-            raise api.UnavailableError(
-                f"etcd on {self.name} does not answer ({exc}): cannot tell whether it may go down; "
-                "--force upgrades anyway"
-            ) from exc
+        await self._etcd_member_check(
+            etcd.outage_plan,
+            refused=f"refusing to upgrade {self.name}",
+            unreachable="cannot tell whether it may go down; --force upgrades anyway",
+        )
 
     async def _restart_into(self, build: node_upgrade.Build) -> None:
-        """Stop as a reboot does (services, controllers, trustd, the API), then exec the build."""
+        """Stop as a reboot does (services, controllers, trustd, the API), then exec the build;
+        a kube-apiserver first shuts down gracefully (:meth:`_stop_apiserver`)."""
         async with self._lock:
             log.info("upgrade: stopping services and controllers, then exec into %s", build.path)
             self.events.emit("sequence", "upgrade", f"restarting into kubeplaned {build.version}")
+            await self._stop_apiserver()
             await self._halt()
             await self._stop_servers()
             logging.shutdown()
             node_upgrade.exec_into(build, sys.argv[1:])
+
+    async def _stop_apiserver(self) -> None:
+        """Let this node's kube-apiserver end its connections itself before the services stop.
+
+        The halt kills every container at once, which cuts a request in flight on a client's
+        connection to this API server: the load balancer sends no new connections to a node
+        taken out of its rotation, but keeps those already open. So the kubelet stops first (it
+        would start the pod again), the kube-apiserver gets SIGTERM and up to
+        :data:`APISERVER_STOP_TIMEOUT` seconds: its graceful shutdown answers the requests in
+        flight with ``Connection: close`` and closes idle connections, and clients reconnect to
+        another node. Best effort: whatever fails here, the halt still stops everything.
+        """
+        services = self.services
+        supervisor_ids = services.supervisor.ids() if services is not None else []
+        if services is None or not {node_services.KUBELET, node_services.CONTAINERD} <= set(supervisor_ids):
+            return
+        if not services.supervisor.snapshot(node_services.CONTAINERD).running:
+            return
+        socket = self.paths.containerd_socket
+        try:
+            await services.supervisor.stop(node_services.KUBELET)
+            stopping = []
+            for container in (await node_services.ctr(socket, "containers", "ls", "-q")).split():
+                info = json.loads(await node_services.ctr(socket, "containers", "info", container))
+                if (info.get("Labels") or {}).get(_CONTAINER_NAME_LABEL) == "kube-apiserver":
+                    with contextlib.suppress(RuntimeError):  # no task: not running
+                        await node_services.ctr(socket, "tasks", "kill", "-s", "SIGTERM", container)
+                        stopping.append(container)
+            deadline = asyncio.get_running_loop().time() + APISERVER_STOP_TIMEOUT
+            while stopping and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.2)
+                running = {
+                    words[0]
+                    for line in (await node_services.ctr(socket, "tasks", "ls")).splitlines()[1:]
+                    if len(words := line.split()) >= 3 and words[2] == "RUNNING"
+                }
+                stopping = [container for container in stopping if container in running]
+            if stopping:
+                log.info("upgrade: kube-apiserver still shutting down after %.0fs", APISERVER_STOP_TIMEOUT)
+        except Exception as exc:  # best effort: the halt that follows stops everything anyway
+            log.warning("upgrade: could not stop kube-apiserver gracefully: %s", exc)
 
     async def _stop_servers(self) -> None:
         """Stop trustd and the node API (before the agent execs into another build)."""

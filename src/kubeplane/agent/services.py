@@ -32,6 +32,9 @@ services made, and its cgroups: only what it owns, see :mod:`kubeplane.agent.own
   bootstrap attempt is the one that succeeds. Both only when the kubelet has no credentials yet.
 - ``etcd`` on control plane nodes: :mod:`kubeplane.agent.etcd`.
 
+With ``machine.time.servers`` set, the kubelet's and etcd's pre states first wait (once per boot,
+at most ``machine.time.bootTimeout``) for the time to be in sync: :mod:`kubeplane.agent.timegate`.
+
 ``machine.env`` (the corporate proxy guide's ``http_proxy``, ``https_proxy``, ``no_proxy``) is
 added to the environment containerd and the kubelet start with, and to the ``ctr`` pulls the
 agent makes itself (:meth:`NodeServices.pull_image`): containerd's CRI pulls, the kubelet's API
@@ -47,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -63,13 +67,13 @@ import httpx
 import yaml
 
 from kubeplane import config, fileio, pki, resources
-from kubeplane.agent import machine_files, owned
+from kubeplane.agent import machine_files, owned, timegate
 from kubeplane.agent.etcd import EtcdMember, cluster_admin_client
 from kubeplane.clients import kube
 from kubeplane.config import toolchain_cache
 from kubeplane.config.paths import NodePaths
 from kubeplane.resources import catalog
-from kubeplane.services import containerd, kubelet, process, supervisor
+from kubeplane.services import containerd, kubelet, process, supervisor, timesync
 
 log = logging.getLogger("kubeplaned.services")
 
@@ -232,6 +236,24 @@ def bootstrap_kubeconfig(*, server: str, ca: bytes, token: str, cluster_name: st
     return yaml.safe_dump(document, sort_keys=False)
 
 
+def retarget_kubeconfig(path: Path, server: str) -> bool:
+    """Point every cluster of the kubeconfig at ``path`` to ``server``, keeping its credentials;
+    False when it already did or is no kubeconfig it can read (the file is then left untouched)."""
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        clusters = [entry["cluster"] for entry in document.get("clusters") or () if entry.get("cluster")]
+    except (yaml.YAMLError, AttributeError, KeyError, TypeError) as exc:
+        log.warning("kubelet kubeconfig %s not retargeted to %s: %s", path, server, exc)
+        return False
+    if all(cluster.get("server") == server for cluster in clusters):
+        return False
+    for cluster in clusters:
+        cluster["server"] = server
+    _write_secret(path, yaml.safe_dump(document, sort_keys=False).encode())
+    log.info("kubelet kubeconfig %s now reaches %s", path, server)
+    return True
+
+
 def snapshot_document(snapshot: supervisor.ServiceSnapshot) -> dict[str, Any]:
     """The API form of a service (what ``kubeplane service`` prints)."""
     health = snapshot.health
@@ -264,7 +286,9 @@ class NodeServices:
         node_ip: str,
         state: resources.State,
         image_loader: ImageLoader = import_toolchain_images,
+        emit: timegate.Emit | None = None,
     ) -> None:
+        """``emit(message)`` records a node event (the boot's wait for the time sync)."""
         self.paths = paths
         self.document = document
         self.name = name
@@ -284,6 +308,8 @@ class NodeServices:
         self.cgroup_root, self.shim_cgroup = self.node_cgroups(paths.root)
         self.mounts = owned.MountLedger([paths.kubelet_root, paths.containerd_root, paths.containerd_state])
         self._labeler: asyncio.Task[None] | None = None
+        self._emit = emit or (lambda message: log.info("%s", message))
+        self._time_sync: asyncio.Task[bool] | None = None
         self._unobserve: Callable[[], None] | None = None
 
     @staticmethod
@@ -341,6 +367,11 @@ class NodeServices:
             except Exception as exc:  # the socket may be gone already; the sweep below still runs
                 log.warning("could not stop containers through containerd: %s", exc)
         await self.supervisor.shutdown()
+        if self._time_sync is not None:
+            # After the services: a pre state waiting on it ends with its service's stop.
+            self._time_sync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._time_sync
         await asyncio.to_thread(self._sweep)
         if self._unobserve is not None:
             self._unobserve()
@@ -429,8 +460,27 @@ class NodeServices:
             ),
         ]
         if self.etcd is not None:
-            specs.append(self.etcd.spec())
+            etcd = self.etcd.spec()
+            specs.append(dataclasses.replace(etcd, pre_start=self._after_time_sync(etcd.pre_start)))
         return specs
+
+    async def time_synced(self) -> None:
+        """Wait until the node's time is in sync, at most ``machine.time.bootTimeout`` (one wait
+        per boot, shared by the kubelet and etcd: :mod:`kubeplane.agent.timegate`)."""
+        if self._time_sync is None:
+            wanted = timesync.desired(self.document.model.machine.time)
+            self._time_sync = asyncio.ensure_future(
+                timegate.wait_for_sync(self.state, wanted, emit=self._emit)
+            )
+        await asyncio.shield(self._time_sync)
+
+    def _after_time_sync(self, hook: supervisor.Hook | None) -> supervisor.Hook:
+        async def prepare() -> None:
+            await self.time_synced()
+            if hook is not None:
+                await hook()
+
+        return prepare
 
     # containerd
 
@@ -580,6 +630,7 @@ class NodeServices:
 
     async def _kubelet_prepare(self) -> None:
         self._require_socket_room(KUBELET)
+        await self.time_synced()
         model = self.document.model
         cluster = model.cluster
         if cluster.ca is None or not cluster.ca.crt:
@@ -627,6 +678,10 @@ class NodeServices:
         signs = self.control_plane and cluster.ca is not None and bool(cluster.ca.key)
         if signs and not self._kubelet_has_credentials():
             _write_secret(paths.kubeconfig, self.kubelet_kubeconfig().encode())
+        elif paths.kubeconfig.exists():
+            # The kubelet keeps its credentials across an endpoint change (``kubeplane endpoint
+            # set``); only the server it reaches follows the config.
+            retarget_kubeconfig(paths.kubeconfig, cluster.control_plane.endpoint)
 
     def _kubelet_has_credentials(self) -> bool:
         """Whether the kubelet has a kubeconfig of its own (signed here or written by its TLS

@@ -241,8 +241,11 @@ class File(Model):
 
 
 class Time(Model):
+    """The node's time sync (:mod:`kubeplane.services.timesync`); ``servers`` are ``HOST[:PORT]``."""
+
     disabled: Bool | None = None
     servers: list[NonEmptyStr] | None = None
+    boot_timeout: Duration | None = None
 
 
 class RegistryMirror(Model):

@@ -31,6 +31,9 @@ MODES: tuple[Mode, ...] = ("metal", "container", "local")
 _BOOTSTRAP_TOKEN = re.compile(r"^[a-z0-9]{6}\.[a-z0-9]{16}$")
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
 _REGISTRY_HOST = re.compile(r"^[A-Za-z0-9.-]+(:\d{1,5})?$")
+_MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+#: The longest link name the kernel takes (IFNAMSIZ less the terminating zero).
+_MAX_LINK_NAME = 15
 
 #: Extra advice for fields whose absence users hit most often.
 _REQUIRED_HINTS = {
@@ -301,6 +304,18 @@ def check_machine(machine: models.Machine) -> Iterator[FieldError]:
             yield FieldError(f"{base}.tls.clientIdentity", "needs both crt and key")
 
 
+def _check_bond(bond: models.Bond, path: str) -> Iterator[FieldError]:
+    if not bond.interfaces:
+        yield FieldError(f"{path}.interfaces", "a bond needs at least one interface (e.g. [eth0, eth1])")
+    elif bond.primary is not None and bond.primary not in bond.interfaces:
+        yield FieldError(f"{path}.primary", f"{bond.primary} is not one of the bond's interfaces")
+    if bond.ad_actor_system is not None and not _MAC.match(bond.ad_actor_system):
+        yield FieldError(
+            f"{path}.adActorSystem",
+            f'"{bond.ad_actor_system}" is not a MAC address (expected e.g. 02:00:00:00:00:01)',
+        )
+
+
 def _check_interface(machine: models.Machine, interface: models.Interface, path: str) -> Iterator[FieldError]:
     if interface.vip is not None and not machine.is_control_plane:
         yield FieldError(
@@ -310,8 +325,8 @@ def _check_interface(machine: models.Machine, interface: models.Interface, path:
         )
     if interface.dhcp and (interface.cidr or interface.addresses):
         yield FieldError(path, "set either dhcp: true or static addresses (cidr, addresses), not both")
-    if interface.bond is not None and not interface.bond.interfaces:
-        yield FieldError(f"{path}.bond.interfaces", "a bond needs at least one interface (e.g. [eth0, eth1])")
+    if interface.bond is not None:
+        yield from _check_bond(interface.bond, f"{path}.bond")
     yield from _check_routes(interface.routes, f"{path}.routes")
     seen: set[int] = set()
     for index, vlan in enumerate(interface.vlans or []):
@@ -321,6 +336,13 @@ def _check_interface(machine: models.Machine, interface: models.Interface, path:
                 f"{vlan_path}.vlanId", f"VLAN {vlan.vlan_id} is defined twice on {interface.interface}"
             )
         seen.add(vlan.vlan_id)
+        name = f"{interface.interface}.{vlan.vlan_id}"
+        if len(name) > _MAX_LINK_NAME:
+            yield FieldError(
+                f"{vlan_path}.vlanId",
+                f"the VLAN link {name} would have a name longer than the kernel's {_MAX_LINK_NAME} "
+                "characters (the link is named <interface>.<vlanId>)",
+            )
         if vlan.dhcp and vlan.cidr:
             yield FieldError(vlan_path, "set either dhcp: true or a static cidr, not both")
         yield from _check_routes(vlan.routes, f"{vlan_path}.routes")

@@ -11,11 +11,13 @@ Checks, in order:
    with one member per control plane node;
 3. ``all k8s nodes to report ready``: every node (matched by its InternalIP) registered and Ready;
 4. ``all control plane static pods to be ready``: on each control plane node the mirror pods of
-   kube-apiserver, kube-controller-manager and kube-scheduler exist and are Ready;
+   kube-apiserver, kube-controller-manager and kube-scheduler exist and are Ready (one waiting
+   for an image it cannot pull is reported with the image named: :func:`image_problems`);
 5. ``the Kubernetes API to answer through the endpoint``: ``/readyz`` through the kubeconfig's server
    (the load balancer in a local cluster);
 6. ``the cluster DNS to be ready``: when the cluster has the ``kube-dns`` Service, at least one of
-   its endpoints is ready (so pods resolve names once ``cluster create`` returns).
+   its endpoints is ready (so pods resolve names once ``cluster create`` returns); a DNS pod that
+   cannot pull its image is named the same way.
 
 Once a check fails the run goes on with the next ones (each then gets a single attempt), so a
 report lists every failing node, not just the first symptom. Rejected alternative: stopping at
@@ -149,6 +151,26 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300] or type(exc).__name__
 
 
+#: A container's waiting reasons that mean its image cannot be had.
+IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+
+
+def image_problems(pod: dict[str, Any]) -> list[str]:
+    """``image X cannot be pulled (REASON: message)`` for each container of ``pod`` waiting for an
+    image it cannot get: a registry (or air-gapped mirror) lacking the image is then named in the
+    report at once, instead of showing only as a pod that never gets Ready."""
+    status = pod.get("status") or {}
+    problems = []
+    for container in [*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())]:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in IMAGE_PULL_REASONS:
+            message = " ".join(str(waiting.get("message") or "").split())[:400]
+            problems.append(
+                f"image {container.get('image')} cannot be pulled ({waiting['reason']}: {message})"
+            )
+    return problems
+
+
 def default_checks(topology: Topology, *, node_client: NodeClientFactory, kube: KubeFactory) -> list[Check]:
     """The checks of the module docstring for ``topology``."""
     members: dict[str, set[str]] = {}
@@ -217,6 +239,7 @@ def default_checks(topology: Topology, *, node_client: NodeClientFactory, kube: 
                 elif not any(kube_client.is_ready(pod) for pod in found):
                     phase = (found[0].get("status") or {}).get("phase")
                     problems.append(f"node {ip}: {component} is {phase}, not Ready")
+                    problems += [f"node {ip}: {problem}" for problem in image_problems(found[0])]
         return problems
 
     def api_endpoint() -> list[str]:
@@ -237,7 +260,16 @@ def default_checks(topology: Topology, *, node_client: NodeClientFactory, kube: 
         subsets = (read("endpoints") or {}).get("subsets") or ()
         if any(subset.get("addresses") for subset in subsets):
             return []
-        return [f"service {SYSTEM_NAMESPACE}/{DNS_SERVICE} has no ready endpoint: no DNS pod is Ready"]
+        pods = kube_call(
+            kube,
+            lambda api: api.list(
+                f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods", label_selector=f"k8s-app={DNS_SERVICE}"
+            ),
+        )
+        return [
+            f"service {SYSTEM_NAMESPACE}/{DNS_SERVICE} has no ready endpoint: no DNS pod is Ready",
+            *(problem for pod in pods for problem in image_problems(pod)),
+        ]
 
     return [
         Check(ETCD_HEALTHY, etcd_healthy),

@@ -21,6 +21,8 @@ Manifests (10-kube-proxy)       controlplane  ``items``: Kubernetes objects to c
 ManifestStatuses                controlplane  ``manifestsApplied`` ids, ``errors`` id → message
 BootstrapStatuses               runtime       ``selfHostedControlPlane``
 Services (etcd, kubelet)        runtime       ``running``, ``healthy``, ``unknown``
+TimeStatuses (node)             runtime       ``synced``, ``syncDisabled``, ``servers``, ``source``,
+                                              ``stratum``, ``offset``, ``leapStatus``, ``error``
 NodeAddresses (current)         network       ``hostname``, ``addresses`` (published by the agent)
 PodNetworkStatuses (current)    network       ``podCidr``, ``routes``, ``skipped``, ``error`` (host-gw)
 MachineAddresses (eth0/IP/len)  network       ``link``, ``address``, ``owned``, ``field`` (machine.network)
@@ -48,7 +50,8 @@ readable when none of its resources can carry a secret:
   CertificateRenewals (a time),
   StaticPods (pods reference their secrets by file path only), StaticPodStatuses,
   ManifestStatuses (manifest ids and apply errors, which name objects), BootstrapStatuses,
-  Services, NodeAddresses, PodNetworkStatuses (CIDRs, node names and addresses), the machine
+  Services, TimeStatuses (NTP server names and the sync state), NodeAddresses,
+  PodNetworkStatuses (CIDRs, node names and addresses), the machine
   network's MachineAddresses, MachineRoutes, MachineLinks and MachineNetworkStatuses (addresses,
   routes, link settings, the hostname, resolvers and extra host entries, config field paths),
   WireguardDevices (public keys only, never the private key; peer endpoints), VipStatuses (an
@@ -108,6 +111,7 @@ MACHINE_LINKS = "MachineLinks.network.kubeplane.dev"
 MACHINE_NETWORK_STATUSES = "MachineNetworkStatuses.network.kubeplane.dev"
 WIREGUARD_DEVICES = "WireguardDevices.network.kubeplane.dev"
 VIP_STATUSES = "VipStatuses.network.kubeplane.dev"
+TIME_STATUSES = "TimeStatuses.runtime.kubeplane.dev"
 
 #: Well-known ids.
 MACHINE_CONFIG_ID = "v1alpha1"
@@ -115,6 +119,7 @@ MACHINE_TYPE_ID = "machine-type"
 BOOTSTRAP_STATUS_ID = "control-plane"
 STATIC_POD_SECRETS_ID = "static-pods"
 NODE_ADDRESSES_ID = "current"
+TIME_STATUS_ID = "node"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,6 +218,23 @@ class ServiceSpec(Spec):
     running: bool = False
     healthy: bool = False
     unknown: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeStatusSpec(Spec):
+    """The node's time sync (``machine.time``): whether its ``chronyd`` is ``synced``, or
+    ``syncDisabled`` (no servers, or ``disabled``: nothing runs), the configured ``servers``, the
+    selected ``source`` (an address), its ``stratum`` (plus one), the clock's ``offset`` from NTP
+    time in seconds (positive: ahead), chrony's ``leapStatus``, and the last ``error``."""
+
+    synced: bool = False
+    sync_disabled: bool = True
+    servers: Sequence[str] = ()
+    source: str = ""
+    stratum: int = 0
+    offset: float = 0.0
+    leap_status: str = ""
+    error: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -453,6 +475,18 @@ DEFINITIONS = (
         print_columns=(
             PrintColumn("RUNNING", json_path="running"),
             PrintColumn("HEALTHY", func=_service_health),
+        ),
+    ),
+    ResourceDefinition(
+        type=TIME_STATUSES,
+        display_type="TimeStatus",
+        default_namespace=RUNTIME_NAMESPACE,
+        spec_type=TimeStatusSpec,
+        aliases=("time",),
+        print_columns=(
+            PrintColumn("SYNCED", json_path="synced"),
+            PrintColumn("SOURCE", json_path="source"),
+            PrintColumn("STRATUM", json_path="stratum"),
         ),
     ),
     ResourceDefinition(

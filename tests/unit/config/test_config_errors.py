@@ -173,6 +173,23 @@ def test_error_string_lists_every_problem() -> None:
                 " than or equal to 4094)"
             ],
         ),
+        (
+            "machine:\n  type: init\n  network:\n    interfaces:\n      - interface: enp0s31f6name\n"
+            "        vlans:\n          - vlanId: 100\n",
+            [
+                "machine.network.interfaces[0].vlans[0].vlanId: the VLAN link enp0s31f6name.100 would have a "
+                "name longer than the kernel's 15 characters (the link is named <interface>.<vlanId>)"
+            ],
+        ),
+        (
+            "machine:\n  type: init\n  network:\n    interfaces:\n      - interface: bond0\n        bond:\n"
+            "          interfaces: [eth0, eth1]\n          primary: eth2\n          adActorSystem: 02-00\n",
+            [
+                "machine.network.interfaces[0].bond.primary: eth2 is not one of the bond's interfaces",
+                'machine.network.interfaces[0].bond.adActorSystem: "02-00" is not a MAC address (expected '
+                "e.g. 02:00:00:00:00:01)",
+            ],
+        ),
     ],
 )
 def test_machine_rules(snippet: str, expected: list[str]) -> None:

@@ -46,6 +46,43 @@ def test_config_serves_plain_http_from_the_cluster_dir(tmp_path: Path) -> None:
     assert config["log"]["accesslog"] == {"disabled": False}
 
 
+@pytest.mark.parametrize(
+    ("ref", "expected"),
+    [
+        ("k8s.gcr.io/kube-apiserver:v1.20.2", "k8s.gcr.io/kube-apiserver:v1.20.2"),
+        ("busybox", "docker.io/library/busybox:latest"),
+        ("kubeplane/cluster-dns:0.1.0", "docker.io/kubeplane/cluster-dns:0.1.0"),
+        ("localhost:5000/thing:1", "localhost:5000/thing:1"),
+    ],
+)
+def test_qualified_spells_out_the_registry_host(ref: str, expected: str) -> None:
+    assert registry.qualified(ref) == expected
+    # The air-gapped guide's sed (first component -> the mirror) then gives the mirror's path.
+    assert registry.qualified(ref).split("/", 1)[1] == ":".join(registry.mirror_path(ref))
+
+
+def test_config_of_a_pull_through_cache_over_tls(tmp_path: Path) -> None:
+    tls = registry.TLS(certificate=tmp_path / "tls.crt", key=tmp_path / "tls.key", ca=tmp_path / "ca.crt")
+    config = yaml.safe_load(
+        registry.render_config(
+            storage=tmp_path / "storage",
+            address="0.0.0.0",
+            port=5001,
+            proxy_remote="https://k8s.gcr.io",
+            tls=tls,
+        )
+    )
+    assert config["proxy"] == {"remoteurl": "https://k8s.gcr.io"}
+    assert config["http"] == {
+        "addr": "0.0.0.0:5001",
+        "tls": {"certificate": str(tmp_path / "tls.crt"), "key": str(tmp_path / "tls.key")},
+    }
+    assert "proxy" not in yaml.safe_load(registry.render_config(storage=tmp_path, address="10.5.0.1"))
+    assert registry.Registry(directory=tmp_path, address="10.5.0.1", port=5443, tls=tls).url == (
+        "https://10.5.0.1:5443"
+    )
+
+
 def test_archive_config_digest_is_the_image_id(tmp_path: Path) -> None:
     payload = tmp_path / "hello.txt"
     payload.write_text("hello\n")

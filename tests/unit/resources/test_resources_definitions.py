@@ -81,6 +81,7 @@ SENSITIVITY = {
     catalog.MANIFEST_STATUSES: False,  # ids and errors naming objects
     catalog.BOOTSTRAP_STATUSES: False,
     catalog.SERVICES: False,
+    catalog.TIME_STATUSES: False,  # NTP server names and addresses, the sync state
     catalog.NODE_ADDRESSES: False,
     catalog.POD_NETWORK_STATUSES: False,  # CIDRs, node names and their addresses
     catalog.MACHINE_ADDRESSES: False,  # addresses and config field paths

@@ -1,0 +1,1 @@
+"""Controllers of the node's time sync (``machine.time``)."""
