@@ -28,6 +28,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "kubeplane.cli.clientconfig": ("config",),
     "kubeplane.cli.cluster_ops": ("bootstrap", "etcd", "kubeconfig", "containers"),
     "kubeplane.cli.cluster": ("cluster", "images"),
+    "kubeplane.cli.registry": ("registry",),
     "kubeplane.cli.health": ("health",),
     "kubeplane.cli.gen": ("gen",),
     "kubeplane.cli.validate": ("validate",),
@@ -35,6 +36,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "kubeplane.cli.upgrade": ("upgrade-k8s",),
     "kubeplane.cli.convert": ("convert-k8s",),
     "kubeplane.cli.certs": ("certs",),
+    "kubeplane.cli.endpoint": ("endpoint",),
     "kubeplane.cli.reset": ("reset",),
     "kubeplane.cli.agentupgrade": ("upgrade",),
 }  # fmt: skip
