@@ -87,7 +87,7 @@ def test_the_wait_never_outlasts_the_boot_timeout() -> None:
 
     synced, waited = asyncio.run(main())
     assert synced is False
-    assert 0.3 <= waited < 1.0
+    assert 0.3 <= waited < 5.0  # the timeout, not a sync that never comes (slack: a loaded CI machine)
     assert events[-1] == (
         "time not in sync after 0.3s (machine.time.bootTimeout): kubelet and etcd start anyway; "
         "the time sync goes on"

@@ -239,7 +239,7 @@ def test_health_runs_every_check_and_names_failing_nodes() -> None:
         health.Check("fine", lambda: []),
     ]
     reported: list[health.Result] = []
-    results = health.run(checks, timeout=0.3, interval=0.01, report=reported.append)
+    results = health.run(checks, timeout=1.0, interval=0.01, report=reported.append)
     assert reported == results
     assert [r.ok for r in results] == [True, False, False, True]
     assert results[1].text().splitlines()[0] == "waiting for broken: FAILED"
