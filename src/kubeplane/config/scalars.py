@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StrictI
 _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _DURATION = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 
 
 def scalar_to_str(value: Any) -> Any:
@@ -120,6 +121,30 @@ _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m
 def duration_seconds(value: str) -> float:
     """A duration that passed the check of :data:`Duration` (``5s``, ``1h30m``, ``0``) in seconds."""
     return sum(float(number) * _DURATION_UNITS[unit] for number, unit in _DURATION_PART.findall(value))
+
+
+def parse_host_port(value: str) -> tuple[str, int | None]:
+    """``HOST``, ``HOST:PORT``, ``V6`` or ``[V6]:PORT`` as (host, port or None); ValueError says why."""
+    host, port = value, None
+    if value.startswith("["):
+        inside, bracket, rest = value[1:].partition("]")
+        if not bracket or not rest.startswith(":"):
+            raise ValueError(f'"{value}" is not HOST[:PORT] (an IPv6 address with a port is [ADDRESS]:PORT)')
+        host, port = inside, rest[1:]
+    elif value.count(":") == 1:
+        host, port = value.split(":")
+    if ":" in host or value.startswith("["):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f'"{value}" is not HOST[:PORT]: "{host}" is not an IPv6 address') from None
+    elif not _HOST.match(host):
+        raise ValueError(f'"{value}" is not HOST[:PORT]: "{host}" is not a host name or address')
+    if port is None:
+        return host, None
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f'"{value}" is not HOST[:PORT]: the port must be 1-65535')
+    return host, int(port)
 
 
 def _abs_path(value: str) -> str:

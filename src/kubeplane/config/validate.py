@@ -22,7 +22,7 @@ import pydantic
 
 from kubeplane.config import defaults, machine_files, models
 from kubeplane.config.errors import DOCUMENT_PATH, ConfigError, FieldError, join_path
-from kubeplane.config.scalars import Bool, decode_base64, duration_seconds
+from kubeplane.config.scalars import Bool, decode_base64, duration_seconds, parse_host_port
 
 #: Where the config will run: a real machine, a container, or a kubeplane local (netns) cluster.
 Mode = Literal["metal", "container", "local"]
@@ -288,6 +288,11 @@ def check_machine(machine: models.Machine) -> Iterator[FieldError]:
         partition = getattr(encryption, name) if encryption else None
         if partition is not None:
             yield from _check_encryption(partition, f"machine.systemDiskEncryption.{name}")
+    for index, server in enumerate((machine.time.servers if machine.time else None) or []):
+        try:
+            parse_host_port(server)
+        except ValueError as exc:
+            yield FieldError(f"machine.time.servers[{index}]", str(exc))
     registries = machine.registries
     for host in (registries.mirrors or {}) if registries else {}:
         if host != "*" and not _REGISTRY_HOST.match(host):

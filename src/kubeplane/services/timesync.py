@@ -19,12 +19,10 @@ resolved by ``chronyd`` itself, and again while it is unreachable.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
-import re
 from pathlib import Path
 
 from kubeplane.config import models
-from kubeplane.config.scalars import duration_seconds
+from kubeplane.config.scalars import duration_seconds, parse_host_port
 
 #: How long kubelet and etcd wait at boot for the time to be in sync when ``bootTimeout`` is unset.
 DEFAULT_BOOT_TIMEOUT = 120.0
@@ -34,8 +32,6 @@ DAEMON_FLAGS = ("-d", "-x")
 USER = "_chrony"
 #: What ``chronyc`` reports as the leap status of a daemon that has no source in sync.
 UNSYNCHRONISED = "Not synchronised"
-
-_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,26 +109,7 @@ def files(root: Path) -> Files:
 
 def parse_server(value: str) -> Server:
     """``HOST``, ``HOST:PORT``, ``V6`` or ``[V6]:PORT`` as a :class:`Server`; ValueError says why."""
-    host, port = value, None
-    if value.startswith("["):
-        inside, bracket, rest = value[1:].partition("]")
-        if not bracket or not rest.startswith(":"):
-            raise ValueError(f'"{value}" is not HOST[:PORT] (an IPv6 address with a port is [ADDRESS]:PORT)')
-        host, port = inside, rest[1:]
-    elif value.count(":") == 1:
-        host, port = value.split(":")
-    if ":" in host or value.startswith("["):
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f'"{value}" is not HOST[:PORT]: "{host}" is not an IPv6 address') from None
-    elif not _HOST.match(host):
-        raise ValueError(f'"{value}" is not HOST[:PORT]: "{host}" is not a host name or address')
-    if port is None:
-        return Server(host)
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f'"{value}" is not HOST[:PORT]: the port must be 1-65535')
-    return Server(host, int(port))
+    return Server(*parse_host_port(value))
 
 
 def desired(time: models.Time | None) -> Desired:

@@ -162,6 +162,14 @@ def test_error_string_lists_every_problem() -> None:
             ],
         ),
         (
+            "machine:\n  type: init\n  time:\n"
+            "    servers: [pool.ntp.org, '[fd00::1]:123', 'ntp:99999', 'a b']\n",
+            [
+                'machine.time.servers[2]: "ntp:99999" is not HOST[:PORT]: the port must be 1-65535',
+                'machine.time.servers[3]: "a b" is not HOST[:PORT]: "a b" is not a host name or address',
+            ],
+        ),
+        (
             "machine:\n  type: init\n  env:\n    http-proxy: x\n",
             ['machine.env.http-proxy: key "http-proxy" is not a valid environment variable name'],
         ),

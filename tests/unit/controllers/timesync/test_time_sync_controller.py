@@ -141,21 +141,6 @@ def test_no_time_section_runs_nothing(tmp_path: Path) -> None:
     run([controller(tmp_path, daemon)], body)
 
 
-def test_a_bad_server_runs_nothing_and_says_why(tmp_path: Path) -> None:
-    daemon = FakeDaemon()
-
-    async def body(state: State) -> None:
-        publish_config(state, config({"servers": ["ok.example", "bad:port"]}))
-        await eventually(lambda: status(state).get("error"), what="the error")
-        assert status(state)["error"] == (
-            'machine.time.servers[1]: "bad:port" is not HOST[:PORT]: the port must be 1-65535'
-        )
-        await settle()
-        assert daemon.started == []
-
-    run([controller(tmp_path, daemon)], body)
-
-
 def test_a_daemon_that_exits_is_started_again_and_its_exit_shown(tmp_path: Path) -> None:
     daemon = FakeDaemon()
 
