@@ -337,6 +337,20 @@ def test_learners_join_and_are_promoted_into_a_three_member_cluster(
                 )
                 assert found.count == 50
                 assert not (await etcd.status()).is_learner
+        # The leader hands its leadership over on request (a VIP holder does, so that losing it
+        # does not also cost an etcd election); a follower asked to has nothing to do.
+        async with cluster.server.client_for(*endpoints) as etcd:
+            statuses = [await etcd.status(endpoint) for endpoint in endpoints]
+            [leader] = [status for status in statuses if status.is_leader]
+            follower = next(status for status in statuses if not status.is_leader)
+            assert await etcd.hand_over_leadership(follower.endpoint) is None
+            successor = await etcd.hand_over_leadership(leader.endpoint)
+            assert successor is not None and successor.id != leader.member_id
+
+            async def led_by_successor() -> bool | None:
+                return (await etcd.status(leader.endpoint)).leader == successor.id or None
+
+            await eventually(led_by_successor, timeout=10, what=f"{successor.name} to lead")
 
     run(scenario())
 

@@ -445,32 +445,15 @@ class EtcdMember:
 
     async def forfeit_leadership(self) -> str:
         async with self.client() as client:
-            status = await client.status()
-            if not status.is_leader:
+            endpoint = client.endpoints[0]
+            if not (await client.status(endpoint)).is_leader:
                 return f"{self.name} is not the etcd leader; nothing to do"
-            members = await client.member_list()
-        candidates = [m for m in members if m.id != status.member_id and not m.is_learner and m.name]
-        if not candidates:
+            try:
+                target = await client.hand_over_leadership(endpoint)
+            except client_errors.EtcdUnavailable as exc:
+                raise EtcdRefused(f"moving the etcd leadership failed: {exc}") from exc
+        if target is None:
             return f"{self.name} is the only etcd member; it stays leader"
-        target = candidates[0]
-        result = await asyncio.to_thread(
-            subprocess.run,
-            [
-                shutil.which("etcdctl") or "etcdctl",
-                f"--endpoints={etcd_rules.client_url('127.0.0.1')}",
-                f"--cacert={self.certs.ca}",
-                f"--cert={self.certs.client_crt}",
-                f"--key={self.certs.client_key}",
-                "move-leader",
-                f"{target.id:x}",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            env={"ETCDCTL_API": "3"},
-        )
-        if result.returncode != 0:
-            raise EtcdRefused(f"etcdctl move-leader failed: {result.stderr.strip()}")
         return f"leadership moved from {self.name} to {target.name}"
 
     async def snapshot(self) -> AsyncIterator[bytes]:

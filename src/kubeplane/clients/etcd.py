@@ -665,6 +665,36 @@ class EtcdClient:
         """Turn a learner that has caught up into a voting member."""
         await self._call("/v3/cluster/member/promote", {"ID": str(member_id)})
 
+    async def move_leader(self, target_id: int, *, endpoint: str) -> None:
+        """Hand raft leadership to member ``target_id``; ``endpoint`` must be the leader's (only
+        the leader can transfer leadership; etcd refuses it elsewhere)."""
+        body = {"targetID": str(target_id)}
+        await self._call("/v3/maintenance/transfer-leadership", body, endpoint=endpoint)
+
+    async def hand_over_leadership(self, endpoint: str) -> Member | None:
+        """If the member behind ``endpoint`` leads, make another voting member the leader.
+
+        Returns the new leader; None when that member does not lead (nothing to do) or no other
+        member can take over. Started voters are tried in the order etcd lists them until one
+        takes it (a member that is down fails the transfer after its election timeout).
+        """
+        status = await self.status(endpoint)
+        if not status.is_leader:
+            return None
+        members = await self.member_list()
+        candidates = [m for m in members if m.id != status.member_id and not m.is_learner and m.name]
+        failures: list[str] = []
+        for member in candidates:
+            try:
+                await self.move_leader(member.id, endpoint=status.endpoint)
+            except errors.EtcdError as exc:
+                failures.append(f"{member.name}: {exc}")
+                continue
+            return member
+        if failures:
+            raise errors.EtcdUnavailable("no member took over the leadership: " + "; ".join(failures))
+        return None
+
     async def status(self, endpoint: str | None = None) -> Status:
         """The status of the member behind ``endpoint`` (default: the first that answers)."""
         async with self._stream("/v3/maintenance/status", {}, endpoint=endpoint, timeout=self.timeout) as (

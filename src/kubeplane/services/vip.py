@@ -83,6 +83,8 @@ class Timing:
     check_timeout: float = 0.25
     #: Gratuitous ARP announcements after taking the VIP, one per tick.
     announcements: int = 3
+    #: How often the holder makes sure its etcd member does not lead (it hands leadership over).
+    leadership_check: float = 10.0
 
 
 class Tenure:

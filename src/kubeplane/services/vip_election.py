@@ -16,6 +16,11 @@ One :meth:`Election.run` loop per VIP:
 4. give up: remove the address first, then revoke the lease (which deletes the key, so the
    others' watches fire at once), and start over.
 
+While it holds the VIP, the node also keeps its own etcd member from leading (``step_down``, every
+:attr:`~kubeplane.services.vip.Timing.leadership_check` seconds, in the background): a holder that
+dies while it leads etcd costs an etcd election first, and the new leader then extends every
+lease by its TTL, so the others could take the VIP over only after about twice as long.
+
 Cancelling :meth:`Election.run` (the agent stops, the config changes) gives the VIP up the same
 way before it returns. :attr:`Election.status` says who owns the VIP as far as this node knows,
 and ``on_change`` is called whenever that changes.
@@ -84,6 +89,7 @@ class Election:
         healthy: Callable[[], Awaitable[bool]],
         timing: vip.Timing | None = None,
         on_change: Callable[[Status], None] | None = None,
+        step_down: Callable[[], Awaitable[object]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.etcd = etcd
@@ -93,6 +99,7 @@ class Election:
         self.healthy = healthy
         self.timing = timing or vip.Timing()
         self.on_change = on_change
+        self.step_down = step_down
         self.clock = clock
         self.key = vip.key(address.ip)
         self.status = Status(reason="starting")
@@ -158,6 +165,30 @@ class Election:
 
     async def _hold(self, tenure: vip.Tenure, lease_id: int) -> str:
         """Keep the VIP while the tenure allows; returns why it ended."""
+        shedding = asyncio.create_task(self._shed_leadership()) if self.step_down is not None else None
+        try:
+            return await self._renew(tenure, lease_id)
+        finally:
+            if shedding is not None:
+                shedding.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await shedding
+
+    async def _shed_leadership(self) -> None:
+        """Ask ``step_down`` now and every ``leadership_check`` seconds (see the module docstring)."""
+        assert self.step_down is not None
+        while True:
+            try:
+                async with asyncio.timeout(self.timing.leadership_check):
+                    successor = await self.step_down()
+            except (errors.EtcdError, TimeoutError) as exc:
+                log.info("could not hand this node's etcd leadership over: %s", exc or "timed out")
+            else:
+                if successor is not None:
+                    log.info("handed the etcd leadership over (the VIP's holder does not lead etcd)")
+            await asyncio.sleep(self.timing.leadership_check)
+
+    async def _renew(self, tenure: vip.Tenure, lease_id: int) -> str:
         announcements = self.timing.announcements
         while True:
             reason = tenure.verdict(self.clock())

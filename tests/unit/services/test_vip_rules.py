@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from kubeplane.clients import errors
 from kubeplane.clients import etcd as etcd_client
 from kubeplane.config import models
 from kubeplane.services import machinenet, vip, vip_election
@@ -241,3 +242,62 @@ def test_a_cancelled_election_releases_the_address_only_after_a_renewal_in_fligh
     asyncio.run(scenario())
     assert network.calls[-2:] == ["hold ended", "release"], network.calls
     assert etcd.revoked == [7], "then the lease is revoked"
+
+
+class _QuietNetwork:
+    """A VIP network that does nothing but record whether the address is held."""
+
+    def __init__(self) -> None:
+        self.held = False
+
+    def hold(self, address: vip.Vip, lifetime: int) -> None:
+        self.held = True
+
+    def release(self, address: vip.Vip) -> bool:
+        was, self.held = self.held, False
+        return was
+
+    def announce(self, address: vip.Vip) -> None:
+        pass
+
+
+def test_the_holder_keeps_handing_etcd_leadership_over_and_stops_when_it_gives_up() -> None:
+    # A holder that leads etcd and dies costs an etcd election before the lease can expire: it
+    # hands leadership over right after winning and again every leadership_check, and a failed
+    # hand-over (etcd busy) neither ends its tenure nor stops later attempts.
+    network = _QuietNetwork()
+    calls: list[bool] = []
+
+    async def step_down() -> object:
+        calls.append(network.held)
+        if len(calls) == 1:
+            raise errors.EtcdUnavailable("leader transfer took too long")
+        return None
+
+    async def healthy() -> bool:
+        return True
+
+    async def scenario() -> None:
+        election = vip_election.Election(
+            etcd=_WinningEtcd(),  # type: ignore[arg-type]
+            address=vip.Vip(link="eth0", ip="10.5.0.250", field="machine.network.interfaces[0].vip"),
+            node="cp1",
+            network=network,
+            healthy=healthy,
+            timing=vip.Timing(leadership_check=0.05, tick=0.02, lifetime=1, ttl=2, margin=0.1),
+            step_down=step_down,
+        )
+        task = asyncio.create_task(election.run())
+        async with asyncio.timeout(5):
+            while len(calls) < 3:
+                await asyncio.sleep(0.01)
+        assert election.status.held, "a failed hand-over does not end the tenure"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        after = len(calls)
+        await asyncio.sleep(0.2)
+        assert len(calls) == after, "no hand-over once the VIP is given up"
+
+    asyncio.run(scenario())
+    assert not network.held

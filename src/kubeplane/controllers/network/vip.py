@@ -4,8 +4,9 @@ the control plane nodes in etcd; each one's state in ``network/VipStatuses/<ip>`
 On a control plane node with a VIP in its config, the controller runs one
 :class:`~kubeplane.services.vip_election.Election` per VIP as a background task, with the
 agent's etcd client (``secrets/EtcdSecrets/etcd``, the local member at 127.0.0.1:2379), the
-node's name (``network/NodeAddresses/current``) and a health check of the local kube-apiserver
-(``/readyz`` on ``cluster.controlPlane.localAPIServerPort``). How the election keeps the VIP with
+node's name (``network/NodeAddresses/current``), a health check of the local kube-apiserver
+(``/readyz`` on ``cluster.controlPlane.localAPIServerPort``) and, for the holder, a hand-over of
+the local etcd member's leadership. How the election keeps the VIP with
 one owner at a time is in :mod:`kubeplane.services.vip`.
 
 When the settings change (the VIP, its link, the node's role, the etcd secrets, the port) the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Protocol
 
@@ -141,6 +143,7 @@ class VipController:
                 healthy=self._probe,
                 timing=self.timing,
                 on_change=changed,
+                step_down=functools.partial(client.hand_over_leadership, client.endpoints[0]),
             )
             self._elections[address.ip] = election
             self._tasks.append(ctx.start_task(TASK_PREFIX + address.ip, election.run()))
