@@ -42,9 +42,19 @@ from kubeplane.clients import kube
 from kubeplane.config import client as client_config
 from kubeplane.config import generate as gen
 from kubeplane.ops import convert, health
+from kubeplane.provision import (
+    checkpointer_image,
+    dns_image,
+    grow,
+    netns,
+    planning,
+    registry,
+    state,
+    teardown,
+    toolchain,
+)
 from kubeplane.provision import cluster as cluster_mod
 from kubeplane.provision import create as create_mod
-from kubeplane.provision import dns_image, grow, netns, planning, registry, state, teardown, toolchain
 
 
 def register(group: click.Group) -> None:
@@ -486,7 +496,13 @@ def remove(
     help="The images of a local cluster (`cluster create`): its own cluster DNS image. "
     "(A config given with -f names its images itself.)",
 )
-def images(*, kubernetes_version: str, config_file: Path | None, local: bool) -> None:
+@click.option(
+    "--self-hosted",
+    is_flag=True,
+    help="Add the pod-checkpointer image, which a self-hosted control plane runs "
+    "(`cluster create --self-hosted`, `bootstrap --self-hosted`) until `convert-k8s`.",
+)
+def images(*, kubernetes_version: str, config_file: Path | None, local: bool, self_hosted: bool) -> None:
     """Print the images nodes pull (one per line): what an air-gapped registry must hold.
 
     Each is printed with its registry host (``docker.io/library/...`` spelled out), so the
@@ -520,5 +536,7 @@ def images(*, kubernetes_version: str, config_file: Path | None, local: bool) ->
         ]
         if not (cluster_config.core_dns and cluster_config.core_dns.disabled):
             refs.append(cluster_config.coredns_image)
+    if self_hosted:
+        refs.append(checkpointer_image.image_ref())
     for ref in [*refs, pause]:
         click.echo(registry.qualified(ref))

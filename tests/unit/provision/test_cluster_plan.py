@@ -15,7 +15,7 @@ from kubeplane.cli import output
 from kubeplane.cli import upgrade as cli_upgrade
 from kubeplane.config import generate as gen
 from kubeplane.ops import health
-from kubeplane.provision import cluster, dns_image, leftovers, planning, state
+from kubeplane.provision import checkpointer_image, cluster, dns_image, leftovers, planning, state
 from kubeplane.provision import create as create_mod
 
 pytestmark = pytest.mark.unit
@@ -208,6 +208,14 @@ def test_images_of_a_local_cluster_name_its_dns_image_with_the_registry_host() -
     assert result.exit_code == 0, result.output
     assert f"docker.io/{dns_image.image_ref()}" in result.output.split()
     assert "k8s.gcr.io/coredns:1.7.0" not in result.output
+
+
+def test_images_of_a_self_hosted_control_plane_add_the_checkpointer() -> None:
+    result = CliRunner().invoke(cluster_cli.images, ["--local", "--self-hosted"])
+    assert result.exit_code == 0, result.output
+    assert f"docker.io/{checkpointer_image.image_ref()}" in result.output.split()
+    plain = CliRunner().invoke(cluster_cli.images, ["--local"])
+    assert "pod-checkpointer" not in plain.output
 
 
 def test_images_of_a_config_follow_its_images(tmp_path: Path, secrets: gen.SecretsBundle) -> None:
