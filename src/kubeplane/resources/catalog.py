@@ -283,12 +283,18 @@ class MachineRouteSpec(Spec):
 
 @dataclasses.dataclass(frozen=True)
 class MachineLinkSpec(Spec):
-    """A configured interface as the kernel shows it (``mtu``, ``up``, ``operState``) and the MTU
-    asked for (``configuredMtu``, None when the config leaves it)."""
+    """A configured interface as the kernel shows it (``mtu``, ``up``, ``operState``, its link
+    ``kind``: ``bond``, ``vlan``, ``wireguard``..., empty for a physical link; the ``master`` bond
+    of a bond's slave; a VLAN's ``parent`` and ``vlanId``) and the MTU asked for
+    (``configuredMtu``, None when the config leaves it)."""
 
     mtu: int = 0
     up: bool = False
     oper_state: str = ""
+    kind: str = ""
+    master: str = ""
+    parent: str = ""
+    vlan_id: int | None = None
     configured_mtu: int | None = None
     field: str = ""
 
@@ -539,6 +545,8 @@ DEFINITIONS = (
         spec_type=MachineLinkSpec,
         aliases=("links", "link"),
         print_columns=(
+            PrintColumn("KIND", json_path="kind"),
+            PrintColumn("MASTER", json_path="master"),
             PrintColumn("MTU", json_path="mtu"),
             PrintColumn("UP", json_path="up"),
             PrintColumn("STATE", json_path="operState"),

@@ -258,6 +258,10 @@ class MachineNetworkController:
                 mtu=seen.mtu if seen else 0,
                 up=seen.up if seen else False,
                 oper_state=seen.oper_state if seen else "MISSING",
+                kind=seen.kind if seen else "",
+                master=(seen.master or "") if seen else "",
+                parent=(seen.parent or "") if seen else "",
+                vlan_id=seen.vlan_id if seen else None,
                 configured_mtu=link.mtu,
                 field=link.field,
             )

@@ -128,6 +128,10 @@ def test_machine_network_is_applied_published_and_undone(tmp_path: Path) -> None
             "mtu": 1400,
             "up": True,
             "operState": "UP",
+            "kind": "",
+            "master": "",
+            "parent": "",
+            "vlanId": None,
             "configuredMtu": 1400,
             "field": "machine.network.interfaces[0]",
         }
@@ -408,7 +412,8 @@ def test_a_bond_is_made_when_the_kernel_has_bonding(tmp_path: Path) -> None:
         (plan,) = node.applied
         assert [bond.name for bond in plan.create_bonds] == ["bond0"]
         assert plan.enslave == (("eth1", "bond0"), ("eth2", "bond0"))
-        assert specs(state, catalog.MACHINE_LINKS)["bond0"]["operState"] == "UP"
+        links = specs(state, catalog.MACHINE_LINKS)
+        assert links["bond0"]["operState"] == "UP" and links["bond0"]["kind"] == "bond", links
         assert list(specs(state, catalog.MACHINE_ADDRESSES)) == ["bond0/192.168.10.2/24"]
 
     run([ctl], body)
