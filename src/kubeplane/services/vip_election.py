@@ -5,11 +5,14 @@ One :meth:`Election.run` loop per VIP:
 
 1. wait until the local kube-apiserver answers (no point drawing clients to a node that cannot
    serve them);
-2. campaign: grant a lease and create the VIP's key with it, only if absent
-   (:meth:`~kubeplane.clients.etcd.EtcdClient.create`). Lost: watch the key until it changes (or
-   for two ticks, to look at the health again) and campaign again. A key holding this node's
-   own name is a leftover of this agent's previous run (it stopped without revoking): it is
-   deleted and the campaign repeated;
+2. campaign: create the VIP's key with this node's *standing lease*, only if absent
+   (:meth:`~kubeplane.clients.etcd.EtcdClient.create`). The lease is granted once and kept
+   alive while the node waits, so a campaign is one keep-alive (answered by the etcd leader
+   from memory) and one transaction: a grant is a raft proposal, an fsync on every member, on
+   the failover's critical path. Lost: watch the key until it changes (or for four ticks, to
+   look at the health again), renewing the lease every tick, and campaign again. A key holding
+   this node's own name is a leftover of this agent's previous run (it stopped without
+   revoking): it is deleted and the campaign repeated;
 3. won: every tick renew the address and its lifetime, send the first gratuitous ARPs, and at
    the same time renew the lease and check the kube-apiserver; give up as soon as
    :meth:`~kubeplane.services.vip.Tenure.verdict` says so;
@@ -103,6 +106,8 @@ class Election:
         self.clock = clock
         self.key = vip.key(address.ip)
         self.status = Status(reason="starting")
+        #: The standing lease a waiting node campaigns with (None: grant one at the next campaign).
+        self._lease: int | None = None
 
     def _set(self, status: Status) -> None:
         if status != self.status:
@@ -115,16 +120,21 @@ class Election:
         # An address left by this agent's previous run goes before anything else.
         if await asyncio.to_thread(self.network.release, self.address):
             log.info("removed %s left from an earlier run", self.address.cidr)
-        while True:
-            try:
-                await self._round()
-            except (errors.EtcdError, TimeoutError) as exc:
-                self._set(Status(reason=f"etcd: {exc or 'timed out'}"))
-                await asyncio.sleep(self.timing.tick)
-            except vip.VipError as exc:
-                log.warning("%s", exc)
-                self._set(Status(reason=str(exc)))
-                await asyncio.sleep(self.timing.tick)
+        try:
+            while True:
+                try:
+                    await self._round()
+                except (errors.EtcdError, TimeoutError) as exc:
+                    self._set(Status(reason=f"etcd: {exc or 'timed out'}"))
+                    await asyncio.sleep(self.timing.tick)
+                except vip.VipError as exc:
+                    log.warning("%s", exc)
+                    self._set(Status(reason=str(exc)))
+                    await asyncio.sleep(self.timing.tick)
+        finally:
+            if self._lease is not None:
+                lease, self._lease = self._lease, None
+                await self._revoke(lease)
 
     async def _round(self) -> None:
         tick = self.timing.tick
@@ -134,34 +144,70 @@ class Election:
             )
             await asyncio.sleep(tick)
             return
-        asked = self.clock()
-        async with asyncio.timeout(2 * tick):
-            lease = await self.etcd.lease_grant(self.timing.ttl)
+        lease, renewed_at, ttl = await self._standing_lease()
         try:
             async with asyncio.timeout(2 * tick):
-                result = await self.etcd.create(self.key, self.node.encode(), lease=lease.id)
+                result = await self.etcd.create(self.key, self.node.encode(), lease=lease)
         except BaseException:
-            await self._revoke(lease.id)
+            # Whether the key was written is unknown: the lease goes, and the key with it.
+            self._lease = None
+            await self._revoke(lease)
             raise
         if not result.created:
-            await self._revoke(lease.id)
             owner = result.current.value.decode() if result.current else ""
             if owner == self.node:
                 log.info("deleting the VIP key %s left by this node's previous run", self.key.decode())
                 await self.etcd.delete(self.key)
                 return
             self._set(Status(owner=owner, reason=f"{owner or 'another node'} holds it"))
-            changes = self.etcd.watch(self.key, start_revision=result.revision + 1)
-            with contextlib.suppress(TimeoutError, StopAsyncIteration):
-                async with asyncio.timeout(4 * tick), contextlib.aclosing(changes):
-                    await anext(changes)
+            await self._wait_for_change(result.revision + 1)
             return
-        tenure = vip.Tenure(self.timing, granted_at=asked, ttl=lease.ttl)
+        # The lease is the tenure's now; the give-up revokes it.
+        self._lease = None
+        tenure = vip.Tenure(self.timing, granted_at=renewed_at, ttl=ttl)
         reason = "stopped"
         try:
-            reason = await self._hold(tenure, lease.id)
+            reason = await self._hold(tenure, lease)
         finally:
-            await self._give_up(lease.id, reason)
+            await self._give_up(lease, reason)
+
+    async def _standing_lease(self) -> tuple[int, float, int]:
+        """The standing lease, renewed (or granted) now: its ID, when the request went out (the
+        lease lives at least its TTL from then) and the TTL etcd gave it."""
+        if self._lease is not None:
+            sent = self.clock()
+            renewed = await self._keepalive(self._lease)
+            if renewed:
+                return self._lease, sent, renewed
+            # Gone (0), or no answer: a new lease, and the old one revoked if it is still there.
+            lease, self._lease = self._lease, None
+            if renewed is None:
+                await self._revoke(lease)
+        asked = self.clock()
+        async with asyncio.timeout(2 * self.timing.tick):
+            granted = await self.etcd.lease_grant(self.timing.ttl)
+        self._lease = granted.id
+        return granted.id, asked, granted.ttl
+
+    async def _wait_for_change(self, revision: int) -> None:
+        """Watch the key from ``revision`` until it changes or four ticks pass, renewing the
+        standing lease every tick meanwhile."""
+        changes = self.etcd.watch(self.key, start_revision=revision)
+        async with contextlib.aclosing(changes):
+            change = asyncio.ensure_future(anext(changes))
+            try:
+                for _ in range(4):
+                    done, _pending = await asyncio.wait({change}, timeout=self.timing.tick)
+                    if done:
+                        with contextlib.suppress(StopAsyncIteration):
+                            change.result()
+                        return
+                    if self._lease is not None and await self._keepalive(self._lease) == 0:
+                        self._lease = None
+            finally:
+                if not change.done():
+                    change.cancel()
+                    await asyncio.wait({change})
 
     async def _hold(self, tenure: vip.Tenure, lease_id: int) -> str:
         """Keep the VIP while the tenure allows; returns why it ended."""

@@ -301,3 +301,73 @@ def test_the_holder_keeps_handing_etcd_leadership_over_and_stops_when_it_gives_u
 
     asyncio.run(scenario())
     assert not network.held
+
+
+class _ContendedEtcd(_WinningEtcd):
+    """Another node holds the key until ``freed`` is set; records grants and keep-alives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.freed = asyncio.Event()
+        self.grants = 0
+        self.keepalives = 0
+        self.creates: list[int] = []
+
+    async def lease_grant(self, ttl: int) -> etcd_client.Lease:
+        self.grants += 1
+        return etcd_client.Lease(id=10 + self.grants, ttl=ttl)
+
+    async def lease_keepalive(self, lease_id: int, *, timeout: float) -> int:
+        self.keepalives += 1
+        return 2
+
+    async def create(self, key: bytes, value: bytes, *, lease: int) -> etcd_client.CreateResult:
+        self.creates.append(lease)
+        if self.freed.is_set():
+            return etcd_client.CreateResult(created=True, revision=5)
+        other = etcd_client.KeyValue(
+            key=key, value=b"cp2", create_revision=3, mod_revision=3, version=1, lease=9
+        )
+        return etcd_client.CreateResult(created=False, revision=4, current=other)
+
+    async def watch(self, key: bytes, *, start_revision: int) -> Any:
+        await self.freed.wait()
+        yield [
+            etcd_client.KeyValue(key=key, value=b"", create_revision=0, mod_revision=6, version=0, lease=0)
+        ]
+
+
+def test_a_waiting_node_campaigns_with_one_standing_lease() -> None:
+    # A grant is a raft proposal (an fsync on every member) on the failover's critical path: the
+    # lease is granted once, kept alive while the node waits, and the campaign after the owner's
+    # key went is a keep-alive and one transaction.
+    network = _QuietNetwork()
+    etcd = _ContendedEtcd()
+
+    async def healthy() -> bool:
+        return True
+
+    async def scenario() -> None:
+        election = vip_election.Election(
+            etcd=etcd,  # type: ignore[arg-type]
+            address=vip.Vip(link="eth0", ip="10.5.0.250", field="machine.network.interfaces[0].vip"),
+            node="cp1",
+            network=network,
+            healthy=healthy,
+            timing=vip.Timing(tick=0.02, margin=0.1),
+        )
+        task = asyncio.create_task(election.run())
+        async with asyncio.timeout(5):
+            while etcd.keepalives < 6:  # waited through more than one watch round
+                await asyncio.sleep(0.01)
+            assert election.status.owner == "cp2" and not network.held
+            etcd.freed.set()
+            while not network.held:
+                await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert etcd.grants == 1 and set(etcd.creates) == {11}, (etcd.grants, etcd.creates)
+    assert etcd.revoked == [11], "the tenure's lease is revoked when the VIP is given up"
