@@ -7,9 +7,11 @@ settings restart it (the cached images stay), and stop/purge take it away by its
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,22 @@ def test_a_warm_cache_serves_without_its_upstream(tmp_path: Path) -> None:
         first = pull(f"{ADDRESS}:{port}/hello:1", tmp_path / "first")
         assert first.returncode == 0, first.stderr
         assert "hello" in registry.pulled_repositories(upstream.log)
+        # docker-registry stores a blob it served in the background (it fetches it from the
+        # upstream a second time); a cache stopped before that ends has not kept it. Restart it
+        # only once every blob of the image is in its storage.
+        blobs = root / "k8s.gcr.io" / "storage" / registry.BLOBS / "sha256"
+        manifest = json.loads((tmp_path / "first" / "manifest.json").read_text())
+        digests = [manifest["config"]["digest"], *(layer["digest"] for layer in manifest["layers"])]
+        wanted = [
+            blobs / digest.removeprefix("sha256:")[:2] / digest.removeprefix("sha256:") / "data"
+            for digest in digests
+        ]
+        deadline = time.monotonic() + 30
+        while not all(path.is_file() for path in wanted):
+            assert time.monotonic() < deadline, (
+                f"the cache did not store {[str(p) for p in wanted if not p.is_file()]}"
+            )
+            time.sleep(0.1)
 
         # Other settings restart it (a new process; docker-registry must reach its upstream to
         # start at all), keeping what it cached.
