@@ -172,6 +172,22 @@ def test_create_that_lost_returns_the_current_holder() -> None:
     assert result.current is not None and result.current.value == b"other" and result.current.lease == 5
 
 
+async def _healthy() -> bool:
+    return True
+
+
+def _election(etcd: object, network: vip_election.VipNetwork, **options: Any) -> vip_election.Election:
+    """cp1's election for 10.5.0.250 on eth0 with ``etcd`` (a fake) and an always healthy API."""
+    return vip_election.Election(
+        etcd=etcd,  # type: ignore[arg-type]
+        address=vip.Vip(link="eth0", ip="10.5.0.250", field="machine.network.interfaces[0].vip"),
+        node="cp1",
+        network=network,
+        healthy=_healthy,
+        **options,
+    )
+
+
 class _BlockingHoldNetwork:
     """A VIP network whose ``hold`` blocks until ``go`` is set; records the calls in order."""
 
@@ -219,17 +235,8 @@ def test_a_cancelled_election_releases_the_address_only_after_a_renewal_in_fligh
     network = _BlockingHoldNetwork()
     etcd = _WinningEtcd()
 
-    async def healthy() -> bool:
-        return True
-
     async def scenario() -> None:
-        election = vip_election.Election(
-            etcd=etcd,  # type: ignore[arg-type]
-            address=vip.Vip(link="eth0", ip="10.5.0.250", field="machine.network.interfaces[0].vip"),
-            node="cp1",
-            network=network,
-            healthy=healthy,
-        )
+        election = _election(etcd, network)
         task = asyncio.create_task(election.run())
         assert await asyncio.to_thread(network.holding.wait, 5), "the election won and renews the address"
         task.cancel()
@@ -274,16 +281,10 @@ def test_the_holder_keeps_handing_etcd_leadership_over_and_stops_when_it_gives_u
             raise errors.EtcdUnavailable("leader transfer took too long")
         return None
 
-    async def healthy() -> bool:
-        return True
-
     async def scenario() -> None:
-        election = vip_election.Election(
-            etcd=_WinningEtcd(),  # type: ignore[arg-type]
-            address=vip.Vip(link="eth0", ip="10.5.0.250", field="machine.network.interfaces[0].vip"),
-            node="cp1",
-            network=network,
-            healthy=healthy,
+        election = _election(
+            _WinningEtcd(),
+            network,
             timing=vip.Timing(leadership_check=0.05, tick=0.02, lifetime=1, ttl=2, margin=0.1),
             step_down=step_down,
         )
@@ -344,18 +345,8 @@ def test_a_waiting_node_campaigns_with_one_standing_lease() -> None:
     network = _QuietNetwork()
     etcd = _ContendedEtcd()
 
-    async def healthy() -> bool:
-        return True
-
     async def scenario() -> None:
-        election = vip_election.Election(
-            etcd=etcd,  # type: ignore[arg-type]
-            address=vip.Vip(link="eth0", ip="10.5.0.250", field="machine.network.interfaces[0].vip"),
-            node="cp1",
-            network=network,
-            healthy=healthy,
-            timing=vip.Timing(tick=0.02, margin=0.1),
-        )
+        election = _election(etcd, network, timing=vip.Timing(tick=0.02, margin=0.1))
         task = asyncio.create_task(election.run())
         async with asyncio.timeout(5):
             while etcd.keepalives < 6:  # waited through more than one watch round
