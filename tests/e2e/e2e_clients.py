@@ -6,6 +6,7 @@ Imported by the test modules of this directory (pytest puts it on ``sys.path``).
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import http.client
 import json
@@ -15,12 +16,15 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 import urllib3
 import yaml
@@ -85,6 +89,17 @@ def closed_before_response(exc: BaseException) -> bool:
     return isinstance(cause, http.client.RemoteDisconnected | ConnectionResetError)
 
 
+def describe_failure(exc: BaseException) -> str:
+    """One line for a failed request: the exception, and for an HTTP error the API's message."""
+    if isinstance(exc, k8s_client.ApiException):
+        try:
+            message = json.loads(exc.body or "{}").get("message", "")
+        except ValueError:
+            message = str(exc.body)[:200]
+        return f"HTTP {exc.status} {exc.reason}: {message}"
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
 class ApiPoller:
     """Lists kube-system pods through the endpoint every ``interval`` s in a thread.
 
@@ -110,7 +125,7 @@ class ApiPoller:
                 self._core.list_namespaced_pod("kube-system", _request_timeout=5)
                 last_ok = time.monotonic()
             except Exception as exc:
-                failure = f"{time.strftime('%H:%M:%S')} {type(exc).__name__}: {str(exc)[:200]}"
+                failure = f"{time.strftime('%H:%M:%S')} {describe_failure(exc)}"
                 self.failures.append(failure)
                 if closed_before_response(exc):
                     self.closed.append(failure)
@@ -124,6 +139,91 @@ class ApiPoller:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+
+
+def _kubeconfig_tls(kubeconfig: Path) -> tuple[str, ssl.SSLContext]:
+    """The current context's server URL and a TLS context with its CA and client certificate."""
+    document = yaml.safe_load(kubeconfig.read_text())
+    context_name = document["current-context"]
+    context = next(c["context"] for c in document["contexts"] if c["name"] == context_name)
+    cluster = next(c["cluster"] for c in document["clusters"] if c["name"] == context["cluster"])
+    user = next(u["user"] for u in document["users"] if u["name"] == context["user"])
+    tls = ssl.create_default_context(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+    # load_cert_chain reads files only: a private directory, gone once they are loaded.
+    with tempfile.TemporaryDirectory() as directory:
+        cert, key = Path(directory, "client.crt"), Path(directory, "client.key")
+        cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
+        key.touch(mode=0o600)
+        key.write_bytes(base64.b64decode(user["client-key-data"]))
+        tls.load_cert_chain(cert, key)
+    return cluster["server"], tls
+
+
+def _unanswered(exc: BaseException) -> bool:
+    """Whether an HTTP/2 request failed only because the server ended the connection (GOAWAY
+    with NO_ERROR) before it answered: it sent no error for this request."""
+    return isinstance(exc, httpx.RemoteProtocolError) and "ConnectionTerminated error_code:0" in str(exc)
+
+
+class Http2Poller:
+    """Like :class:`ApiPoller`, over HTTP/2 as kubectl and client-go talk to an API server.
+
+    An API server that shuts down sends HTTP/2's GOAWAY with the last request it will answer;
+    requests after it go to a new connection (httpcore does this, as Go's client). httpcore
+    also gives up on a request the GOAWAY said would still be answered (a known limitation of
+    its GOAWAY handling; Go's client waits for the answer): such a GET, which HTTP lets a client
+    send again (it is idempotent), is sent once more and counted in ``retried``. Anything else
+    (an error status, a refused connection, a timeout, a second failure) is a failure.
+    ``versions`` counts the HTTP versions the answers came in (all ``HTTP/2``, or the test is
+    not testing this).
+    """
+
+    def __init__(self, kubeconfig: Path, *, interval: float = 0.1) -> None:
+        server, tls = _kubeconfig_tls(kubeconfig)
+        self._client = httpx.Client(base_url=server, verify=tls, http2=True, timeout=5, trust_env=False)
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="api-poller-h2", daemon=True)
+        self.requests = 0
+        self.failures: list[str] = []
+        self.retried: list[str] = []
+        self.versions: Counter[str] = Counter()
+        self.longest_gap = 0.0
+
+    def _get(self) -> httpx.Response:
+        path = "/api/v1/namespaces/kube-system/pods"
+        try:
+            return self._client.get(path)
+        except httpx.RemoteProtocolError as exc:
+            if not _unanswered(exc):
+                raise
+            self.retried.append(f"{time.strftime('%H:%M:%S')} {exc}")
+            return self._client.get(path)
+
+    def _loop(self) -> None:
+        last_ok = time.monotonic()
+        while not self._stop.is_set():
+            self.requests += 1
+            try:
+                response = self._get()
+                if response.is_error:
+                    message = response.json().get("message", "") if response.content else ""
+                    raise RuntimeError(f"HTTP {response.status_code}: {message}")
+                self.versions[response.http_version] += 1
+                last_ok = time.monotonic()
+            except Exception as exc:
+                self.failures.append(f"{time.strftime('%H:%M:%S')} {type(exc).__name__}: {str(exc)[:200]}")
+            self.longest_gap = max(self.longest_gap, time.monotonic() - last_ok)
+            self._stop.wait(self._interval)
+
+    def __enter__(self) -> Http2Poller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._client.close()
 
 
 @dataclasses.dataclass

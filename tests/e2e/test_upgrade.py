@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from e2e_clients import ApiPoller, Run, api_client, run_cli
+from e2e_clients import ApiPoller, Http2Poller, Run, api_client, run_cli
 from kubernetes import client as k8s_client
 
 from kubeplane.provision import hostproc, leftovers, teardown
@@ -192,7 +192,7 @@ def test_upgrade_killed_three_times_completes_without_failed_requests(cluster: A
     second = cluster.control_plane[1]
     kill_points = (_second_apiserver_patched(second), _waiting_for_controller_manager, _daemonset_patched)
     runs: list[Run] = []
-    with ApiPoller(Path(cluster.kubeconfig)) as probe:
+    with ApiPoller(Path(cluster.kubeconfig)) as probe, Http2Poller(Path(cluster.kubeconfig)) as h2_probe:
         for kill_when in kill_points:
             run = run_cli(cluster.env, "upgrade-k8s", "--to", TARGET, kill_when=kill_when)
             assert run.killed, "the run ended before its kill point:\n" + "\n".join(run.lines)
@@ -204,9 +204,11 @@ def test_upgrade_killed_three_times_completes_without_failed_requests(cluster: A
         print(f"run ended (killed={run.killed}, exit {run.returncode}) after: {run.lines[-1]}")
     print(
         f"API requests through the endpoint: {probe.requests}, failed: {len(probe.failures)} "
-        f"(keep-alive connection closed by a stopping API server: {len(probe.closed)})"
+        f"(keep-alive connection closed by a stopping API server: {len(probe.closed)}); over HTTP/2: "
+        f"{h2_probe.requests}, failed: {len(h2_probe.failures)}, sent again after a GOAWAY: "
+        f"{len(h2_probe.retried)}, longest gap {h2_probe.longest_gap:.1f}s"
     )
-    for failure in probe.failures:
+    for failure in [*probe.failures, *h2_probe.failures]:
         print(f"  {failure}")
 
     # Nothing was changed twice: each image path on each node was patched exactly once.
@@ -250,9 +252,18 @@ def test_upgrade_killed_three_times_completes_without_failed_requests(cluster: A
     steps = [s for run in runs for s in step_seconds(run.lines) if s[3] == "done" and s[0] in COMPONENTS]
     if steps:
         print(f"median seconds per component-node step: {statistics.median(s[2] for s in steps):.1f}")
+    # A client as kubectl and client-go are (HTTP/2: a stopping API server says GOAWAY first, and
+    # a GET it left unanswered is sent again) sees no failure at all.
+    assert h2_probe.failures == [], f"{len(h2_probe.failures)} of {h2_probe.requests} HTTP/2 requests failed"
+    assert set(h2_probe.versions) == {"HTTP/2"}, h2_probe.versions
+    # A request sent again because a stopping API server ended its connection: at most one per
+    # API server restart (the poller has one connection at a time).
+    assert len(h2_probe.retried) <= len(cluster.control_plane), h2_probe.retried
+    # An HTTP/1.1 client without retries may lose the one request it sends on a kept-alive
+    # connection as the stopping server closes it (HTTP/1.1 has no way to announce that): at most
+    # once per API server restart, and nothing else.
     others = [failure for failure in probe.failures if failure not in probe.closed]
     assert others == [], f"{len(probe.failures)} of {probe.requests} API requests failed"
-    # At most the probe's one connection, once per API server restart.
     assert len(probe.closed) <= len(cluster.control_plane), probe.closed
 
 
