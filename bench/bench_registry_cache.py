@@ -9,8 +9,9 @@ k8s.gcr.io, the hosts local clusters pull from) and the clusters are created wit
 
 1. *cold*: caches purged and started empty; create (every image is fetched from the upstream
    through the caches), destroy;
-2. *warm*: the upstream is **stopped**, so the cluster can only come up from what the caches kept;
-   create, destroy; the upstream is started again for the next repeat.
+2. *warm*: the same caches, the upstream still up (the guide's "second boot"): create, destroy;
+3. *warm, upstream stopped*: the cluster can only come up from what the caches kept; create,
+   destroy; the upstream is started again for the next repeat.
 
 Per create: wall time to healthy, and the bytes the upstream sent (from its access log; 0 for the
 warm run, whose upstream is down) and the caches sent to the nodes. A loopback upstream costs the
@@ -40,6 +41,8 @@ from kubeplane.provision import registry, toolchain
 
 NAME, CIDR, BRIDGE = "bcache", "10.5.55.0/24", "10.5.55.1"
 HOSTS = ("docker.io", "k8s.gcr.io")
+STOPPED = "warm, upstream stopped"
+LABELS = ("cold", "warm", STOPPED)
 LOOPBACK = "127.0.0.1"
 ANY = "0.0.0.0"
 #: The bytes-sent field of a GET line of the registry's (combined format) access log.
@@ -90,9 +93,9 @@ def one_repeat(
             sys.exit(f"cannot start the {host} cache: {started.stderr}")
     mirrors = [f"{host}=http://{BRIDGE}:{port}" for host, port in ports.items()]
     logs = [root / host / "registry.log" for host in HOSTS]
-    for label in ("cold", "warm"):
-        if label == "warm":
-            upstream.stop()  # the warm cluster comes up from the caches alone
+    for label in LABELS:
+        if label == STOPPED:
+            upstream.stop()  # this cluster comes up from the caches alone
         before_up = bytes_sent(upstream.log)[1]
         before = [bytes_sent(log)[1] for log in logs]
         with held(lock):
@@ -112,7 +115,9 @@ def one_repeat(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=1, help="cold+warm pairs (the median is reported)")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="cold, warm and warm-offline runs each (the median is reported)"
+    )
     parser.add_argument("--lock", type=Path, help="a file to hold a lock on (flock) during each create")
     options = parser.parse_args()
     # A SIGTERM unwinds like Ctrl-C: the clusters, caches and upstream are taken down on the way.
@@ -132,7 +137,7 @@ def main() -> None:
         finally:
             kubeplane(env, "registry", "cache", "stop", "--purge", "--root", str(Path(tmp) / "caches"))
             upstream.stop()
-        for label in ("cold", "warm"):
+        for label in LABELS:
             seen = [run[label] for run in runs if label in run]
             if seen:
                 spread = ", ".join(f"{s:.1f}" for s in seen)
