@@ -19,10 +19,15 @@ One :meth:`Election.run` loop per VIP:
 4. give up: remove the address first, then revoke the lease (which deletes the key, so the
    others' watches fire at once), and start over.
 
-While it holds the VIP, the node also keeps its own etcd member from leading (``step_down``, every
-:attr:`~kubeplane.services.vip.Timing.leadership_check` seconds, in the background): a holder that
-dies while it leads etcd costs an etcd election first, and the new leader then extends every
-lease by its TTL, so the others could take the VIP over only after about twice as long.
+Right after it wins, the node also hands its own etcd member's leadership over if it leads
+(``step_down``, in the background; an attempt etcd refuses is repeated every
+:attr:`~kubeplane.services.vip.Timing.leadership_check` seconds until one goes through): a holder
+that dies while it leads etcd costs an etcd election first, and the new leader then extends
+every lease by its TTL, so the others could take the VIP over only after about twice as long. It
+is done once per tenure, inside the failover that made this node the holder, and never again
+while it holds the VIP: every leader change fails the writes etcd has in flight ("etcdserver:
+leader changed", a 500 from the API server), so a periodic hand-over would cost clients failed
+requests while nothing else changes. A holder that becomes etcd's leader later keeps leading.
 
 Cancelling :meth:`Election.run` (the agent stops, the config changes) gives the VIP up the same
 way before it returns. :attr:`Election.status` says who owns the VIP as far as this node knows,
@@ -221,7 +226,8 @@ class Election:
                     await shedding
 
     async def _shed_leadership(self) -> None:
-        """Ask ``step_down`` now and every ``leadership_check`` seconds (see the module docstring)."""
+        """Ask ``step_down`` once, again every ``leadership_check`` seconds only while it fails
+        (see the module docstring)."""
         assert self.step_down is not None
         while True:
             try:
@@ -229,10 +235,11 @@ class Election:
                     successor = await self.step_down()
             except (errors.EtcdError, TimeoutError) as exc:
                 log.info("could not hand this node's etcd leadership over: %s", exc or "timed out")
-            else:
-                if successor is not None:
-                    log.info("handed the etcd leadership over (the VIP's holder does not lead etcd)")
-            await asyncio.sleep(self.timing.leadership_check)
+                await asyncio.sleep(self.timing.leadership_check)
+                continue
+            if successor is not None:
+                log.info("handed the etcd leadership over (the VIP's new holder does not lead etcd)")
+            return
 
     async def _renew(self, tenure: vip.Tenure, lease_id: int) -> str:
         announcements = self.timing.announcements

@@ -268,16 +268,17 @@ class _QuietNetwork:
         pass
 
 
-def test_the_holder_keeps_handing_etcd_leadership_over_and_stops_when_it_gives_up() -> None:
+def test_the_holder_hands_etcd_leadership_over_once_per_tenure() -> None:
     # A holder that leads etcd and dies costs an etcd election before the lease can expire: it
-    # hands leadership over right after winning and again every leadership_check, and a failed
-    # hand-over (etcd busy) neither ends its tenure nor stops later attempts.
+    # hands leadership over right after winning; a failed hand-over (etcd busy) neither ends its
+    # tenure nor stops the next attempt, and once one went through there is no other (every
+    # leader change fails the writes in flight, so a steady holder must not cause them).
     network = _QuietNetwork()
     calls: list[bool] = []
 
     async def step_down() -> object:
         calls.append(network.held)
-        if len(calls) == 1:
+        if len(calls) <= 2:
             raise errors.EtcdUnavailable("leader transfer took too long")
         return None
 
@@ -293,12 +294,11 @@ def test_the_holder_keeps_handing_etcd_leadership_over_and_stops_when_it_gives_u
             while len(calls) < 3:
                 await asyncio.sleep(0.01)
         assert election.status.held, "a failed hand-over does not end the tenure"
+        await asyncio.sleep(0.3)  # six leadership_checks: a steady holder asks no more
+        assert len(calls) == 3, calls
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        after = len(calls)
-        await asyncio.sleep(0.2)
-        assert len(calls) == after, "no hand-over once the VIP is given up"
 
     asyncio.run(scenario())
     assert not network.held
