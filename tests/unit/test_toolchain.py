@@ -40,6 +40,9 @@ for name in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-p
   printf '#!/bin/sh\\necho "Kubernetes %s"\\n' "$KUBE_GIT_VERSION" > _output/bin/$name
   chmod +x _output/bin/$name
 done
+# kubeadm: its default configs (the reflect2 check) and the images it asks for.
+printf '#!/bin/sh\\ncase "$*" in "config images list"*) echo k8s.gcr.io/etcd:3.4.13-0;; *) echo "kind: InitConfiguration";; esac\\n' > _output/bin/kubeadm
+chmod +x _output/bin/kubeadm
 """
 FAILING_MAKE = """#!/bin/sh
 echo "vendor/k8s.io/foo: cannot find package"
@@ -98,8 +101,15 @@ def _script(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def _toolchain(cache: Path, tmp_path: Path, make: str = FAKE_MAKE) -> toolchain.Toolchain:
+    reflect2 = tmp_path / "reflect2"
+    reflect2.mkdir(exist_ok=True)
+    (reflect2 / "reflect2.go").write_text("package reflect2\n")
+    (reflect2 / "go.mod").write_text("module github.com/modern-go/reflect2\n")
     return toolchain.Toolchain(
-        cache, apt_dir=tmp_path / "no-apt", make_command=[str(_script(tmp_path, "fake-make", make))]
+        cache,
+        apt_dir=tmp_path / "no-apt",
+        make_command=[str(_script(tmp_path, "fake-make", make))],
+        reflect2_source=reflect2,
     )
 
 
@@ -161,13 +171,18 @@ def test_first_ensure_builds_everything_and_second_only_verifies(
         "build": "done",
         "pause": "done",
         "images": "done",
+        "kubeadm images": "done",
     }
     assert paths.root == cache / "kubernetes" / "v1.20.2"
-    for name, path in {**paths.binaries, **paths.images}.items():
+    for name, path in {**paths.binaries, **paths.images, **paths.kubeadm_images}.items():
         assert path.is_file(), name
+    assert list(paths.kubeadm_images) == ["k8s.gcr.io/etcd:3.4.13-0"]
     stamp = json.loads(paths.stamp.read_text())
     assert stamp["version"] == "v1.20.2" and stamp["source_package"] == SOURCE_VERSION
-    assert sorted(stamp["artifacts"]) == sorted(toolchain.expected_artifacts())
+    assert sorted(stamp["artifacts"]) == sorted(toolchain.expected_artifacts("v1.20.2"))
+    # The tree's vendored reflect2 is Debian's (the .go files, never its go.mod).
+    vendored = cache / "src" / "kubernetes-1.20.2" / toolchain.REFLECT2_VENDOR
+    assert sorted(p.name for p in vendored.iterdir()) == ["reflect2.go"]
     assert stamp["artifacts"]["bin/kubelet"]["sha256"] == toolchain.sha256_file(paths.binary("kubelet"))
     build_log = (cache / "logs" / "v1.20.2" / "build.log").read_text()
     assert "KUBE_GIT_VERSION_FILE=unset CGO_ENABLED=0" in build_log
@@ -360,3 +375,18 @@ def test_go_build_is_the_makefiles_build_in_gopath_mode(tmp_path: Path) -> None:
     assert build.argv[-1] == "./test/images/agnhost"
     # An existing link (make's) is kept.
     assert toolchain.go_build(tree, "x", tmp_path / "y", home=tmp_path).cwd == build.cwd
+
+
+def test_an_etcd_tag_kubeadm_does_not_ask_for_fails_the_build_naming_the_table(
+    cache: Path, tmp_path: Path, make_runs: Path
+) -> None:
+    make = FAKE_MAKE.replace("k8s.gcr.io/etcd:3.4.13-0", "k8s.gcr.io/etcd:3.4.99-0")
+    with pytest.raises(steps.StepFailed, match="kubeadm images") as failed:
+        _toolchain(cache, tmp_path, make).ensure("v1.20.2")
+    assert "KUBEADM_ETCD_TAGS" in str(failed.value) or "KUBEADM_ETCD_TAGS" in failed.value.log.read_text()
+
+
+def test_a_missing_debian_reflect2_stops_the_build_naming_the_package(cache: Path, tmp_path: Path) -> None:
+    tc = toolchain.Toolchain(cache, apt_dir=tmp_path / "no-apt", reflect2_source=tmp_path / "none")
+    with pytest.raises(steps.StepFailed, match="golang-github-modern-go-reflect2-dev"):
+        tc.ensure("v1.20.2")

@@ -326,51 +326,13 @@ class Creation:
         cluster.save()
 
     def _registry(self) -> None:
-        cluster = self.cluster
-        registry = registry_mod.Registry(
-            directory=cluster.directory / "registry", address=self.cluster_plan.network.host_ip
+        start_registry(
+            self.cluster,
+            address=self.cluster_plan.network.host_ip,
+            toolchain_paths=self.toolchain_paths,
+            progress=self.progress,
+            self_hosted=self.cluster_plan.request.self_hosted,
         )
-        cluster.dirs["registry"] = str(registry.directory)
-        cache = self.toolchain_paths.root.parent.parent
-        seed = cache / toolchain_cache.REGISTRY_STORAGE_DIR
-        restored = registry_mod.restore_storage(seed, registry.storage)
-        cluster.processes["registry"] = registry.start()
-        cluster.save()
-        log = cluster.directory / "logs" / "registry-seed.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        pushed_any = False
-        with log.open("a") as out:
-            out.write(f"storage {'restored from' if restored else 'empty, no copy of'} {seed}\n")
-            for paths in registry_toolchains(self.toolchain_paths):
-                for name, tar in paths.images.items():
-                    ref = paths.image_ref(name)
-                    pushed = registry.push(tar, ref)
-                    pushed_any |= pushed
-                    out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
-            # kubeplane's own images and the workload images (`kubectl run --image=busybox`, an
-            # agnhost echo server pull offline) live in the same cache as the toolchain build;
-            # each is built here if the cache lacks it. Every cluster runs the DNS add-on's image.
-            own: list[python_image.Builder] = [dns_image.Builder(cache)]
-            if self.cluster_plan.request.self_hosted:
-                own.append(checkpointer_image.Builder(cache))
-            pushes: list[tuple[Path, tuple[str, ...]]] = []
-            for builder in own:
-                image = builder.ensure(progress=self.progress)
-                pushes.append((image.archive, (image.ref,)))
-            for workload in workload_images.Builder(cache).ensure(progress=self.progress):
-                pushes.append((workload.archive, workload.refs))
-            for archive, refs in pushes:
-                for ref in refs:
-                    pushed = registry.push(archive, ref)
-                    pushed_any |= pushed
-                    out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
-        if pushed_any:
-            # The next cluster starts from this storage. Only a speed-up: without it (a cache
-            # that is not writable), every create pushes as before.
-            try:
-                registry_mod.save_storage(registry.storage, seed)
-            except OSError as exc:
-                self.progress.info(f"could not keep a copy of the registry storage in {seed}: {exc}")
 
     def _nodes(self, role: str) -> None:
         command = agent_command()
@@ -420,6 +382,66 @@ class Creation:
 def _without(config: client_config.ClientConfig, name: str) -> client_config.ClientConfig:
     # A context of the same name is a leftover of an earlier cluster with this name: replace it.
     return client_config.remove_context(config, name) if name in config.contexts else config
+
+
+def start_registry(
+    cluster: state_mod.ClusterState,
+    *,
+    address: str,
+    toolchain_paths: toolchain_mod.ToolchainPaths,
+    progress: plan_module.Progress,
+    self_hosted: bool = False,
+    aliases: dict[str, tuple[str, ...]] | None = None,
+) -> None:
+    """Start the cluster's registry on ``address`` and seed it (see the module docstring):
+    the images of every complete cached toolchain build (the kubeadm-only ones too), the cluster
+    DNS image, the pod-checkpointer image when ``self_hosted``, the workload images. ``aliases``
+    pushes an image under more names as well (a kubeadm cluster runs the DNS image as its
+    CoreDNS). ``cluster add`` and ``cluster create --kubeadm`` share it."""
+    registry = registry_mod.Registry(directory=cluster.directory / "registry", address=address)
+    cluster.dirs["registry"] = str(registry.directory)
+    cache = toolchain_paths.root.parent.parent
+    seed = cache / toolchain_cache.REGISTRY_STORAGE_DIR
+    restored = registry_mod.restore_storage(seed, registry.storage)
+    cluster.processes["registry"] = registry.start()
+    cluster.save()
+    log = cluster.directory / "logs" / "registry-seed.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    pushed_any = False
+    with log.open("a") as out:
+        out.write(f"storage {'restored from' if restored else 'empty, no copy of'} {seed}\n")
+        for paths in registry_toolchains(toolchain_paths):
+            # The kubeadm-only images (etcd) too: a kubeadm cluster pulls them through here.
+            archives = [(paths.image_ref(name), tar) for name, tar in paths.images.items()]
+            archives += [(ref, tar) for ref, tar in paths.kubeadm_images.items() if tar.is_file()]
+            for ref, tar in archives:
+                pushed = registry.push(tar, ref)
+                pushed_any |= pushed
+                out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
+        # kubeplane's own images and the workload images (`kubectl run --image=busybox`, an
+        # agnhost echo server pull offline) live in the same cache as the toolchain build;
+        # each is built here if the cache lacks it. Every cluster runs the DNS add-on's image.
+        own: list[python_image.Builder] = [dns_image.Builder(cache)]
+        if self_hosted:
+            own.append(checkpointer_image.Builder(cache))
+        pushes: list[tuple[Path, tuple[str, ...]]] = []
+        for builder in own:
+            image = builder.ensure(progress=progress)
+            pushes.append((image.archive, (image.ref, *(aliases or {}).get(image.ref, ()))))
+        for workload in workload_images.Builder(cache).ensure(progress=progress):
+            pushes.append((workload.archive, workload.refs))
+        for archive, refs in pushes:
+            for ref in refs:
+                pushed = registry.push(archive, ref)
+                pushed_any |= pushed
+                out.write(f"{ref}: {'pushed' if pushed else 'already present'}\n")
+    if pushed_any:
+        # The next cluster starts from this storage. Only a speed-up: without it (a cache
+        # that is not writable), every create pushes as before.
+        try:
+            registry_mod.save_storage(registry.storage, seed)
+        except OSError as exc:
+            progress.info(f"could not keep a copy of the registry storage in {seed}: {exc}")
 
 
 def start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Sequence[str]) -> None:

@@ -110,6 +110,30 @@ def component_image(*, name: str, ref: str, binary: Path) -> ImageSpec:
     return ImageSpec(ref, tuple(entries), entrypoint=(f"/usr/local/bin/{name}",))
 
 
+#: Debian's etcd commands, packed into the etcd image kubeadm's static pod runs.
+ETCD_COMMANDS = ("/usr/bin/etcd", "/usr/bin/etcdctl")
+
+
+def etcd_image(ref: str) -> ImageSpec:
+    """The etcd image kubeadm asks for (``k8s.gcr.io/etcd:3.4.13-0``), packed from Debian's
+    ``etcd-server`` and ``etcd-client``: ``etcd`` and ``etcdctl`` on ``PATH`` (kubeadm's static pod
+    runs ``etcd --...``), the libraries they link, ``/tmp`` and ``/var/lib/etcd``."""
+    entries: dict[str, LayerEntry] = {}
+    elves = []
+    for command in ETCD_COMMANDS:
+        if not os.path.isfile(command):
+            raise ImageError(
+                f"the etcd image needs {command}, which is not installed; install Debian's etcd-server "
+                "and etcd-client packages (scripts/setup does)"
+            )
+        elves.append(add_with_links(command, entries))
+    for library in shared_libraries(sorted(elves)):
+        add_with_links(library, entries)
+    for directory, mode in (("/tmp", 0o1777), ("/var/lib/etcd", 0o700)):  # noqa: S108 - inside the image
+        entries.setdefault(directory, LayerEntry(directory, "dir", mode))
+    return ImageSpec(ref, tuple(entries.values()), entrypoint=(), cmd=("etcd",))
+
+
 def kube_proxy_host_entries() -> list[LayerEntry]:
     """The host's iptables/conntrack commands, xtables modules and their libraries as entries."""
     entries: dict[str, LayerEntry] = {}

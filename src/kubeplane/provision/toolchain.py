@@ -1,9 +1,9 @@
 """The real-component toolchain: Kubernetes binaries and images built from Debian's source.
 
 Owns the version-keyed cache of Kubernetes server binaries (``kube-apiserver``,
-``kube-controller-manager``, ``kube-scheduler``, ``kubelet``, ``kube-proxy``, ``kubectl``),
-the ``pause`` sandbox binary and the docker-archive images packed from them, and the pipeline
-that fills it:
+``kube-controller-manager``, ``kube-scheduler``, ``kubelet``, ``kube-proxy``, ``kubectl``,
+``kubeadm``), the ``pause`` sandbox binary and the docker-archive images packed from them (plus
+the etcd image ``kubeadm`` asks for, packed from Debian's etcd), and the pipeline that fills it:
 
 1. ``apt-sources``: a ``deb-src`` twin of every ``deb`` entry the machine already uses, then
    ``apt-get update`` only if apt cannot see the ``kubernetes`` source package yet;
@@ -11,15 +11,22 @@ that fills it:
    checked against the ``.dsc`` checksums, so later runs need no network);
 3. ``unpack``: the upstream (orig) tarball, once, shared by every version string;
 4. ``build``: the upstream Makefile with Go 1.19, ``CGO_ENABLED=0`` and a GOPATH, Go build
-   cache and HOME inside the cache (``KUBE_GIT_VERSION`` for builds with another version string);
+   cache and HOME inside the cache (``KUBE_GIT_VERSION`` for builds with another version string),
+   after replacing the tree's vendored ``github.com/modern-go/reflect2`` v1.0.1 with Debian's
+   v1.0.2 (:data:`REFLECT2_DEBIAN`): v1.0.1 reads Go runtime internals that changed in Go 1.18,
+   and built with Go 1.19 it panics (a nil pointer in ``UnsafeMapType.Key``) wherever a map type
+   is first encoded, which ``kubeadm`` does with every config it writes;
 5. ``pause``: ``build/pause/linux/pause.c`` with ``gcc -Os -static``;
-6. ``images``: docker-archive tars named like upstream (:mod:`kubeplane.provision.images`).
+6. ``images``: docker-archive tars named like upstream (:mod:`kubeplane.provision.images`), and
+   ``k8s.gcr.io/etcd:<the tag kubeadm asks for>`` from Debian's ``etcd-server`` in
+   ``kubeadm-images/`` (checked against ``kubeadm config images list``).
 
 Layout under the cache directory (``$KUBEPLANE_CACHE``, default ``/var/cache/kubeplane``; the paths
 the agent reads too are spelled once, in :mod:`kubeplane.config.toolchain_cache`)::
 
     kubernetes/<version>/bin/<name>          binaries
     kubernetes/<version>/images/<name>.tar   docker-archive images
+    kubernetes/<version>/kubeadm-images/     etcd.tar, for kubeadm clusters only
     kubernetes/<version>/stamp.json          version, source package, sha256 + size per artifact
     logs/<version>/<step>.log                one log per step
     src/debian/                              the Debian source package files
@@ -67,17 +74,27 @@ KUBE_BINARIES = (
     "kubelet",
     "kube-proxy",
     "kubectl",
+    "kubeadm",
 )
 PAUSE = cache_layout.PAUSE
 BINARIES = (*KUBE_BINARIES, PAUSE)
 #: Images packed per version; pause keeps the tag kubelet v1.20 uses as its default sandbox.
 IMAGES = (PAUSE, "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy")
+#: Images only kubeadm clusters use (a kubeplane node runs Debian's etcd as a service, not a pod).
+KUBEADM_IMAGES = ("etcd",)
 REGISTRY = cache_layout.REGISTRY
 PAUSE_TAG = cache_layout.PAUSE_TAG
 
 SOURCE_PACKAGE = "kubernetes"
 GO_BIN = Path("/usr/lib/go-1.19/bin")
-STAMP_FORMAT = 1
+#: 2: binaries built with reflect2 v1.0.2 (format 1's panic in kubeadm), kubeadm and the etcd
+#: image added; a format-1 entry is rebuilt.
+STAMP_FORMAT = 2
+#: Debian's source of github.com/modern-go/reflect2 v1.0.2 (golang-github-modern-go-reflect2-dev),
+#: and where the Kubernetes tree vendors v1.0.1.
+REFLECT2_DEBIAN = Path("/usr/share/gocode/src/github.com/modern-go/reflect2")
+REFLECT2_VENDOR = Path("vendor/github.com/modern-go/reflect2")
+REFLECT2_PACKAGE = "golang-github-modern-go-reflect2-dev"
 
 _VERSION_RE = re.compile(r"^v(\d+\.\d+\.\d+)(-[0-9A-Za-z][0-9A-Za-z.-]*)?$")
 
@@ -120,6 +137,21 @@ class ToolchainPaths:
     def image_ref(self, name: str) -> str:
         """Upstream reference of image ``name``, e.g. ``k8s.gcr.io/kube-apiserver:v1.20.2``."""
         return image_ref(name, self.version)
+
+    def kubeadm_image(self, name: str) -> Path:
+        """Path of the docker-archive of kubeadm-only image ``name`` (one of :data:`KUBEADM_IMAGES`)."""
+        if name not in KUBEADM_IMAGES:
+            raise ToolchainError(
+                f"unknown kubeadm image {name!r}; the toolchain packs {', '.join(KUBEADM_IMAGES)}"
+            )
+        return self.root / cache_layout.KUBEADM_IMAGES_DIR / f"{name}.tar"
+
+    @property
+    def kubeadm_images(self) -> dict[str, Path]:
+        """Reference → archive of the kubeadm-only images this version has (none for a Kubernetes
+        minor version whose etcd tag :mod:`kubeplane.config.toolchain_cache` does not know)."""
+        refs = {name: cache_layout.kubeadm_image_ref(name, self.version) for name in KUBEADM_IMAGES}
+        return {ref: self.kubeadm_image(name) for name, ref in refs.items() if ref is not None}
 
     @property
     def binaries(self) -> dict[str, Path]:
@@ -235,8 +267,17 @@ def atomic_copy(src: Path, dest: Path) -> None:
         shutil.copyfileobj(source, out)
 
 
-def expected_artifacts() -> list[str]:
-    return [f"bin/{name}" for name in BINARIES] + [f"images/{name}.tar" for name in IMAGES]
+def expected_artifacts(version: str | None = None) -> list[str]:
+    """Every artifact a complete build of ``version`` has (the kubeadm images only for a version
+    whose etcd tag is known)."""
+    found = [f"bin/{name}" for name in BINARIES] + [f"images/{name}.tar" for name in IMAGES]
+    if version is not None:
+        found += [
+            f"{cache_layout.KUBEADM_IMAGES_DIR}/{name}.tar"
+            for name in KUBEADM_IMAGES
+            if cache_layout.kubeadm_image_ref(name, version) is not None
+        ]
+    return found
 
 
 class Toolchain:
@@ -248,10 +289,12 @@ class Toolchain:
         *,
         apt_dir: Path = Path("/etc/apt"),
         make_command: Sequence[str] = ("make",),
+        reflect2_source: Path = REFLECT2_DEBIAN,
     ) -> None:
         self.cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
         self.apt_dir = apt_dir
         self.make_command = tuple(make_command)
+        self.reflect2_source = reflect2_source
 
     # -- queries --------------------------------------------------------------------------
 
@@ -272,7 +315,7 @@ class Toolchain:
         paths = self.paths(version)
         stamp = Stamp.load(paths.stamp, version)
         good = stamp.verified(paths.root)
-        missing = [rel for rel in expected_artifacts() if rel not in good]
+        missing = [rel for rel in expected_artifacts(version) if rel not in good]
         return {
             "version": version,
             "complete": not missing,
@@ -287,7 +330,7 @@ class Toolchain:
         """Paths of ``version`` if its cache entry is complete and verifies; raises otherwise."""
         paths = self.paths(version)
         good = Stamp.load(paths.stamp, version).verified(paths.root)
-        missing = [rel for rel in expected_artifacts() if rel not in good]
+        missing = [rel for rel in expected_artifacts(version) if rel not in good]
         if missing:
             raise ToolchainError(
                 f"toolchain {version} in {paths.root} is missing or corrupt ({', '.join(missing)}); "
@@ -342,7 +385,7 @@ class _Build:
             stamp = Stamp.load(self.paths.stamp, self.paths.version)
             good = stamp.verified(self.paths.root)
             stamp.artifacts = {rel: info for rel, info in stamp.artifacts.items() if rel in good}
-        if all(rel in good for rel in expected_artifacts()):
+        if all(rel in good for rel in expected_artifacts(self.paths.version)):
             return
         rebuilt: set[str] = set()
         if any(f"bin/{name}" not in good for name in KUBE_BINARIES):
@@ -360,6 +403,15 @@ class _Build:
             self._images(stamp, todo)
         else:
             self.steps.cached("images")
+        kubeadm_todo = [
+            rel
+            for rel in expected_artifacts(self.paths.version)
+            if rel.startswith(cache_layout.KUBEADM_IMAGES_DIR)
+        ]
+        if any(rel not in good for rel in kubeadm_todo) or "kubeadm" in rebuilt:
+            self._kubeadm_images(stamp)
+        elif kubeadm_todo:
+            self.steps.cached("kubeadm images")
 
     # -- source ---------------------------------------------------------------------------
 
@@ -502,8 +554,38 @@ class _Build:
         write_public(path, "".join(f"{key}='{value}'\n" for key, value in values.items()).encode())
         return path
 
+    def _vendor_reflect2(self, tree: Path) -> None:
+        """Replace the tree's vendored reflect2 with Debian's v1.0.2 (see the module docstring);
+        nothing when it already is. Its go.mod is left out: a vendored package has none."""
+        source = self.tc.reflect2_source
+        if not source.is_dir():
+            raise steps_mod.StepFailed(
+                step="build",
+                reason=(
+                    f"{source} is missing: install Debian's {REFLECT2_PACKAGE} (scripts/setup "
+                    "does); the vendored reflect2 v1.0.1 makes binaries built with Go 1.19 panic"
+                ),
+                log=None,
+            )
+        wanted = {p.name: p for p in source.iterdir() if p.suffix in (".go", ".s") and p.is_file()}
+        vendored = tree / REFLECT2_VENDOR
+        present = {p.name: p for p in vendored.iterdir() if p.is_file()} if vendored.is_dir() else {}
+        same = set(present) == set(wanted) and all(
+            sha256_file(present[name]) == sha256_file(path) for name, path in wanted.items()
+        )
+        if same:
+            return
+        vendored.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=vendored.parent, prefix=".reflect2-"))
+        for name, path in wanted.items():
+            shutil.copy2(path, staging / name)
+        if vendored.exists():
+            shutil.rmtree(vendored)
+        staging.rename(vendored)
+
     def _build(self, stamp: Stamp) -> None:
         tree = self.tree(stamp)
+        self._vendor_reflect2(tree)
         what = " ".join(f"cmd/{name}" for name in KUBE_BINARIES)
         with self.steps.step("build", f"make {len(KUBE_BINARIES)} binaries {self.paths.version}"):
             self.steps.run([*self.tc.make_command, f"WHAT={what}"], cwd=tree, env=self._build_env(tree))
@@ -518,6 +600,12 @@ class _Build:
                     f"kube-apiserver --version printed {said.strip()!r}, "
                     f"expected 'Kubernetes {self.paths.version}'"
                 )
+            # The panic reflect2 v1.0.1 caused: kubeadm encoding its default configs.
+            self.steps.run(
+                [str(self.paths.binary("kubeadm")), "config", "print", "init-defaults",
+                 "--component-configs", "KubeletConfiguration,KubeProxyConfiguration"],
+                capture=True,
+            )  # fmt: skip
             for name in KUBE_BINARIES:
                 stamp.record(self.paths.root, f"bin/{name}")
             stamp.save(self.paths.stamp)
@@ -545,6 +633,32 @@ class _Build:
                     handle.write(f"packed {spec.ref} -> {self.paths.image(name)}\n")
                 stamp.record(self.paths.root, f"images/{name}.tar")
             stamp.save(self.paths.stamp)
+
+    def _kubeadm_images(self, stamp: Stamp) -> None:
+        with self.steps.step("kubeadm images", ", ".join(KUBEADM_IMAGES)) as log:
+            listed = self.steps.run(
+                [str(self.paths.binary("kubeadm")), "config", "images", "list",
+                 "--kubernetes-version", self.upstream_version()],
+                capture=True,
+            ).split()  # fmt: skip
+            for name, archive in [(n, self.paths.kubeadm_image(n)) for n in KUBEADM_IMAGES]:
+                ref = cache_layout.kubeadm_image_ref(name, self.paths.version)
+                if ref is None:
+                    continue
+                if ref not in listed:
+                    raise steps_mod.StepError(
+                        f"kubeadm {self.paths.version} asks for {', '.join(listed)}, not {ref}; "
+                        "update KUBEADM_ETCD_TAGS in kubeplane.config.toolchain_cache"
+                    )
+                images_mod.write_docker_archive(images_mod.etcd_image(ref), archive)
+                with log.open("a") as handle:
+                    handle.write(f"packed {ref} -> {archive}\n")
+                stamp.record(self.paths.root, f"{cache_layout.KUBEADM_IMAGES_DIR}/{name}.tar")
+            stamp.save(self.paths.stamp)
+
+    def upstream_version(self) -> str:
+        """``v1.20.2`` for any build of that release (kubeadm's image table knows upstream tags)."""
+        return f"v{self.upstream}"
 
 
 def pause_source_version(tree: Path) -> str:
