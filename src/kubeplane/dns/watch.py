@@ -16,9 +16,12 @@ recent version):
   the pod restarts, visibly, instead of serving stale records forever.
 
 EndpointSlices are read from ``discovery.k8s.io/v1`` when discovery lists it there, else from
-``v1beta1`` (Kubernetes 1.20 has only that; the fields used are the same). :attr:`Mirror.ready`
-turns true once both initial lists are applied: the server's ``/ready`` answers 200 from then on.
-Namespaces are not watched (CoreDNS 1.7 neither, by default).
+``v1beta1`` (Kubernetes 1.20 has only that; the fields used are the same). Where the pod may not
+list EndpointSlices (a 403: the RBAC rules CoreDNS 1.7 came with, which kubeadm v1.20 creates,
+grant only ``v1`` Endpoints), it reads Endpoints instead, each turned into the slices it stands
+for (:func:`slices_of_endpoints`). :attr:`Mirror.ready` turns true once both initial lists are
+applied: the server's ``/ready`` answers 200 from then on. Namespaces are not watched (CoreDNS 1.7
+neither, by default).
 """
 
 from __future__ import annotations
@@ -34,11 +37,21 @@ from kubeplane.clients import errors
 from kubeplane.clients.kube import KubeClient
 from kubeplane.dns.records import SERVICE_NAME_LABEL, ServiceKey, Table
 
-__all__ = ["BACKOFF", "SERVICES", "Mirror", "endpoint_slices_path", "reflect", "run"]
+__all__ = [
+    "BACKOFF",
+    "ENDPOINTS",
+    "SERVICES",
+    "Mirror",
+    "endpoint_slices_path",
+    "reflect",
+    "run",
+    "slices_of_endpoints",
+]
 
 log = logging.getLogger(__name__)
 
 SERVICES = "/api/v1/services"
+ENDPOINTS = "/api/v1/endpoints"
 #: Waits after the API server could not answer: 0.2 s doubling to 5 s.
 BACKOFF = retry.Backoff(initial=0.2, factor=2.0, maximum=5.0)
 #: How long one watch request lasts before the server ends it (and the reflector watches again).
@@ -80,6 +93,10 @@ class Mirror:
         self._services = {_key(item): item for item in items}
         self._listed.add("services")
         self._rebuild()
+
+    @property
+    def slices_listed(self) -> bool:
+        return "endpointslices" in self._listed
 
     def replace_slices(self, items: list[Object]) -> None:
         """A (re)list of EndpointSlices: replace them all."""
@@ -186,6 +203,79 @@ async def reflect(
                 await asyncio.sleep(delay)
 
 
+def slices_of_endpoints(endpoints: Mapping[str, Any]) -> list[Object]:
+    """The EndpointSlices a ``v1`` Endpoints object stands for: one per subset and address
+    family, labelled with its Service, ready and not-ready addresses marked as such."""
+    meta = endpoints.get("metadata") or {}
+    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+    found: list[Object] = []
+    for index, subset in enumerate(endpoints.get("subsets") or []):
+        by_family: dict[str, list[Object]] = {}
+        for key, ready in (("addresses", True), ("notReadyAddresses", False)):
+            for address in subset.get(key) or []:
+                ip = str(address.get("ip") or "")
+                endpoint: Object = {"addresses": [ip], "conditions": {"ready": ready}}
+                for field in ("hostname", "targetRef", "nodeName"):
+                    if address.get(field):
+                        endpoint[field] = address[field]
+                by_family.setdefault("IPv6" if ":" in ip else "IPv4", []).append(endpoint)
+        for family, items in sorted(by_family.items()):
+            found.append(
+                {
+                    "metadata": {
+                        "namespace": namespace,
+                        "name": f"{name}-{index}-{family.lower()}",
+                        "labels": {SERVICE_NAME_LABEL: name},
+                    },
+                    "addressType": family,
+                    "endpoints": items,
+                    "ports": list(subset.get("ports") or []),
+                }
+            )
+    return found
+
+
+class _EndpointsAsSlices:
+    """Feeds Endpoints (list and watch events) to a :class:`Mirror` as the slices they stand for."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        self.mirror = mirror
+        self._names: dict[ObjectKey, list[ObjectKey]] = {}
+
+    def replace(self, items: list[Object]) -> None:
+        slices = [item for endpoints in items for item in slices_of_endpoints(endpoints)]
+        self._names = {
+            _key(endpoints): [_key(s) for s in slices_of_endpoints(endpoints)] for endpoints in items
+        }
+        self.mirror.replace_slices(slices)
+
+    def apply(self, kind: str, endpoints: Object) -> None:
+        key = _key(endpoints)
+        fresh = [] if kind == "DELETED" else slices_of_endpoints(endpoints)
+        fresh_keys = {_key(item) for item in fresh}
+        for namespace, name in self._names.get(key, []):
+            if (namespace, name) not in fresh_keys:
+                gone = {
+                    "metadata": {"namespace": namespace, "name": name, "labels": {SERVICE_NAME_LABEL: key[1]}}
+                }
+                self.mirror.slice_event("DELETED", gone)
+        for item in fresh:
+            self.mirror.slice_event("MODIFIED", item)
+        self._names[key] = [_key(item) for item in fresh]
+
+
+async def _slices_or_endpoints(client: KubeClient, path: str, mirror: Mirror, backoff: retry.Backoff) -> None:
+    """Reflect the EndpointSlices at ``path``; if the very first list is forbidden, Endpoints."""
+    try:
+        await reflect(client, path, mirror.replace_slices, mirror.slice_event, backoff=backoff)
+    except errors.KubeForbidden as exc:
+        if mirror.slices_listed:
+            raise  # allowed before, refused now: exit and restart, visibly
+        log.info("may not list %s (%s): reading %s instead", path, retry.one_line(exc), ENDPOINTS)
+    adapter = _EndpointsAsSlices(mirror)
+    await reflect(client, ENDPOINTS, adapter.replace, adapter.apply, backoff=backoff)
+
+
 async def run(client: KubeClient, mirror: Mirror, *, backoff: retry.Backoff = BACKOFF) -> None:
     """Keep ``mirror`` current from the cluster until cancelled (or a non-retryable error)."""
     slices = await endpoint_slices_path(client, backoff)
@@ -193,4 +283,4 @@ async def run(client: KubeClient, mirror: Mirror, *, backoff: retry.Backoff = BA
         group.create_task(
             reflect(client, SERVICES, mirror.replace_services, mirror.service_event, backoff=backoff)
         )
-        group.create_task(reflect(client, slices, mirror.replace_slices, mirror.slice_event, backoff=backoff))
+        group.create_task(_slices_or_endpoints(client, slices, mirror, backoff))
