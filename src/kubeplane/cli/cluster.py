@@ -157,6 +157,13 @@ def cluster() -> None:
     "etcd, machine.network.interfaces[].vip.ip) instead of haproxy on the host: a free address of "
     "--cidr, neither the host's nor a node's. `kubeplane get vip` shows its owner.",
 )
+@click.option(
+    "--kubeadm",
+    is_flag=True,
+    help="A kubeadm cluster instead: `kubeadm init` on the first node, workers joined with "
+    "`kubeadm join`, every node reached by SSH (the key is in the cluster directory); no kubeplaned. "
+    "One control plane node, as the HA guide starts from: `kubeplane kubeadm ha` takes it to three.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 def create(
     *,
@@ -176,6 +183,7 @@ def create(
     dns_upstreams: tuple[str, ...],
     wireguard_cidr: str | None,
     vip: str | None,
+    kubeadm: bool,
     dry_run: bool,
 ) -> None:
     """Create a local cluster: network, load balancer (or a VIP), registry, one agent per node, bootstrap.
@@ -184,14 +192,33 @@ def create(
     change nothing; the host checks (root, tools, toolchain, addresses) are not run then.
     """
     timeout = output.parse_duration(wait_timeout)
-    # Held from the choice of the Service subnet until the network step has routed it (or the
-    # command ends), so concurrent creates do not pick the same one.
-    routes_lock = contextlib.ExitStack()
-    click.get_current_context().call_on_close(routes_lock.close)
-    if not dry_run:
-        routes_lock.enter_context(
-            netns.host_routes_lock(waiting=lambda: click.echo(WAITING_FOR_ROUTES, err=True))
+    if kubeadm:
+        given = {
+            "--controlplanes": controlplanes != 1,
+            "--registry-mirror": bool(mirrors),
+            "--config-patch": bool(patches or cp_patches or worker_patches),
+            "--self-hosted": self_hosted,
+            "--dns-upstream": bool(dns_upstreams),
+            "--wireguard-cidr": wireguard_cidr is not None,
+            "--vip": vip is not None,
+        }
+        refused = [option for option, set_ in given.items() if set_]
+        if refused:
+            raise click.UsageError(
+                f"--kubeadm takes none of {', '.join(refused)}: a kubeadm cluster starts with one control "
+                "plane node and kubeadm's own configuration (`kubeplane kubeadm ha` makes it three)"
+            )
+        _create_kubeadm(
+            name=name,
+            workers=workers,
+            kubernetes_version=kubernetes_version,
+            cidr=cidr,
+            wait=wait,
+            wait_timeout=wait_timeout,
+            dry_run=dry_run,
         )
+        return
+    routes_lock = _routes_lock(dry_run=dry_run)
     try:
         request = planning.ClusterRequest(
             name=name,
@@ -222,25 +249,9 @@ def create(
             client_config_path=config_path,
             progress=shown,
         )
-        steps = creation.plan()
-        waiting: plan_module.Step | None = None
-        if wait:
-            checks = "the self-hosted hand-over, then " if self_hosted else ""
-            waiting = plan_module.Step(
-                "wait", "cluster health", "", "", f"{checks}every health check, {wait_timeout}"
-            )
-            steps = dataclasses.replace(steps, steps=(*steps.steps, waiting))
-        if dry_run:
-            click.echo(steps.render())
-            click.echo("dry run: nothing was changed")
-            return
+        checks = "the self-hosted hand-over, then " if self_hosted else ""
 
-        async def run_step(step: plan_module.Step) -> plan_module.Outcome:
-            if step is not waiting:
-                outcome = await creation.run_step(step)
-                if step.component == "network":
-                    routes_lock.close()
-                return outcome
+        async def healthy() -> None:
             results = await asyncio.to_thread(
                 wait_healthy, creation.created(), timeout=timeout, self_hosted=self_hosted, report=shown
             )
@@ -251,14 +262,140 @@ def create(
                     f"node logs are under {creation.cluster.directory}/nodes/<node>/var/log/kubeplane/ "
                     f"(or `kubeplane -n NODE logs kubelet`); `kubeplane health` checks again"
                 )
-            return plan_module.CHANGED
 
-        resume = f"kubeplane cluster destroy --name {name} && {shlex.join(['kubeplane', *sys.argv[1:]])}"
-        try:
-            asyncio.run(plan_module.execute(steps, run_step, progress=shown, resume=resume))
-        except plan_module.StepFailed as exc:
-            raise click.ClickException(str(exc)) from exc
+        if not _run_creation(
+            name,
+            creation.plan(),
+            creation.run_step,
+            wait=healthy if wait else None,
+            wait_target=f"{checks}every health check, {wait_timeout}",
+            routes_lock=routes_lock,
+            progress=shown,
+            dry_run=dry_run,
+        ):
+            return
     click.echo(f"cluster {name!r} is up: kubectl --kubeconfig {creation.created().kubeconfig} get nodes")
+
+
+def _routes_lock(*, dry_run: bool) -> contextlib.ExitStack:
+    """Held from the choice of the Service subnet until the network step has routed it (or the
+    command ends), so concurrent creates do not pick the same one."""
+    lock = contextlib.ExitStack()
+    click.get_current_context().call_on_close(lock.close)
+    if not dry_run:
+        lock.enter_context(netns.host_routes_lock(waiting=lambda: click.echo(WAITING_FOR_ROUTES, err=True)))
+    return lock
+
+
+def _run_creation(
+    name: str,
+    steps: plan_module.Plan,
+    run_step: Callable[[plan_module.Step], Awaitable[plan_module.Outcome]],
+    *,
+    wait: Callable[[], Awaitable[None]] | None,
+    wait_target: str,
+    routes_lock: contextlib.ExitStack,
+    progress: plan_module.Progress,
+    dry_run: bool,
+) -> bool:
+    """Run a creation's steps, plus a last one that runs ``wait`` (the health wait) if given,
+    through the one executor; the routes lock goes once the network step is done. With
+    ``dry_run`` print the plan instead and return False."""
+    waiting: plan_module.Step | None = None
+    if wait is not None:
+        waiting = plan_module.Step("wait", "cluster health", "", "", wait_target)
+        steps = dataclasses.replace(steps, steps=(*steps.steps, waiting))
+    if dry_run:
+        click.echo(steps.render())
+        click.echo("dry run: nothing was changed")
+        return False
+
+    async def each(step: plan_module.Step) -> plan_module.Outcome:
+        if step is waiting and wait is not None:
+            await wait()
+            return plan_module.CHANGED
+        outcome = await run_step(step)
+        if step.component == "network":
+            routes_lock.close()
+        return outcome
+
+    resume = f"kubeplane cluster destroy --name {name} && {shlex.join(['kubeplane', *sys.argv[1:]])}"
+    try:
+        asyncio.run(plan_module.execute(steps, each, progress=progress, resume=resume))
+    except plan_module.StepFailed as exc:
+        raise click.ClickException(str(exc)) from exc
+    return True
+
+
+def _create_kubeadm(
+    *,
+    name: str,
+    workers: int,
+    kubernetes_version: str,
+    cidr: str,
+    wait: bool,
+    wait_timeout: str,
+    dry_run: bool,
+) -> None:
+    """``cluster create --kubeadm`` (:mod:`kubeplane.provision.kubeadm`), then wait until every node
+    and every kube-system pod is Ready and the cluster DNS answers."""
+    from kubeplane.provision import kubeadm as kubeadm_mod  # noqa: PLC0415 - only this command needs it
+
+    timeout = output.parse_duration(wait_timeout)
+    routes_lock = _routes_lock(dry_run=dry_run)
+    try:
+        request = kubeadm_mod.KubeadmRequest(
+            name=name,
+            workers=workers,
+            kubernetes_version=kubernetes_version,
+            cidr=cidr,
+            service_subnet=_service_subnet(name),
+        )
+        plan = kubeadm_mod.plan(request)
+        paths = (
+            toolchain.Toolchain().paths(kubernetes_version)
+            if dry_run
+            else kubeadm_mod.preflight(plan, toolchain=toolchain.Toolchain(), state_root=None)
+        )
+    except cluster_mod.ClusterError as exc:
+        raise click.ClickException(f"{exc}\nnothing was created") from exc
+    with progress.display() as shown:
+        creation = kubeadm_mod.KubeadmCreation(plan, toolchain_paths=paths, progress=shown)
+        kubeconfig = state.cluster_dir(name) / "kubeconfig"
+
+        async def ready() -> None:
+            text = kubeconfig.read_text()
+            checks = health.kube_checks(
+                health.Topology(controlplanes=(plan.first.ip,), workers=tuple(n.ip for n in plan.nodes[1:])),
+                kube=lambda: kube.KubeClient(text, timeout=health.REQUEST_TIMEOUT),
+            )
+            order = (health.NODES_READY, health.SYSTEM_PODS_READY, health.CLUSTER_DNS)
+            results = await asyncio.to_thread(
+                health.run, [checks[n] for n in order], timeout=timeout, report=lambda r: shown.info(r.text())
+            )
+            failed = [r for r in results if not r.ok]
+            if failed:
+                raise cluster_mod.CreateError(
+                    f"kubeadm cluster {name!r} is not ready after {wait_timeout}: {failed[0].name} failed; "
+                    f"the nodes' logs are under {creation.cluster.directory}/nodes/<node>/var/log/kubeplane/"
+                )
+
+        if not _run_creation(
+            name,
+            creation.plan(),
+            creation.run_step,
+            wait=ready if wait else None,
+            wait_target=f"nodes, kube-system pods and DNS ready, {wait_timeout}",
+            routes_lock=routes_lock,
+            progress=shown,
+            dry_run=dry_run,
+        ):
+            return
+    click.echo(f"kubeadm cluster {name!r} is up: kubectl --kubeconfig {kubeconfig} get nodes")
+    creds = kubeadm_mod.credentials(creation.cluster.directory)
+    click.echo(
+        f"ssh to a node: ssh -i {creds.key} -o UserKnownHostsFile={creds.known_hosts} root@{plan.first.ip}"
+    )
 
 
 def wait_healthy(
@@ -329,18 +466,27 @@ def _print_cluster(document: dict[str, Any], fmt: output.Format) -> None:
             if document.get("vip")
             else ""
         )
-        click.echo(f"cluster: {document['name']}\nendpoint: {document['endpoint']}{vip}\n")
+        kind = " (made by kubeadm; nodes reached by SSH)" if document.get("kind") == "kubeadm" else ""
+        click.echo(f"cluster: {document['name']}{kind}\nendpoint: {document['endpoint']}{vip}\n")
         rows = [[n["name"], n["role"], n["ip"], n["agent"]] for n in document["nodes"]]
         click.echo(output.table(["NAME", "ROLE", "IP", "AGENT"], rows), nl=False)
 
 
 def _load(name: str) -> state.ClusterState:
+    """A kubeplane cluster's state, for ``add`` and ``remove`` (they drive its agents)."""
     try:
         netns.validate_cluster_name(name)
-        return state.ClusterState.load(name)
+        loaded = state.ClusterState.load(name)
     except (state.StateError, netns.NetworkError) as exc:
         known = ", ".join(cluster_mod.list_clusters()) or "none"
         raise click.ClickException(f"{exc} (local clusters: {known})") from exc
+    meta = cluster_mod.ClusterMeta.load(loaded.directory)
+    if meta is not None and meta.kind == cluster_mod.KIND_KUBEADM:
+        raise click.ClickException(
+            f"cluster {name!r} was made by kubeadm and has no kubeplane agents to add or remove nodes "
+            f"with: `kubeplane kubeadm ha --name {name}` takes it to three control plane nodes"
+        )
+    return loaded
 
 
 def _run_resizing(

@@ -60,6 +60,7 @@ NODES_READY = "all k8s nodes to report ready"
 STATIC_PODS_READY = "all control plane static pods to be ready"
 API_ENDPOINT = "the Kubernetes API to answer through the endpoint"
 CLUSTER_DNS = "the cluster DNS to be ready"
+SYSTEM_PODS_READY = "every kube-system pod to be ready"
 CHECK_NAMES = (ETCD_HEALTHY, ETCD_CONSISTENT, NODES_READY, STATIC_PODS_READY, API_ENDPOINT, CLUSTER_DNS)
 #: The cluster DNS Service of the bootstrap manifests (CoreDNS or kubeplane's drop-in).
 DNS_SERVICE = "kube-dns"
@@ -204,25 +205,6 @@ def default_checks(topology: Topology, *, node_client: NodeClientFactory, kube: 
             )
         return problems
 
-    def nodes_ready() -> list[str]:
-        by_ip = kube_call(kube, _nodes_by_ip)
-        problems = []
-        for ip in topology.nodes:
-            node = by_ip.get(ip)
-            if node is None:
-                problems.append(f"node {ip}: not registered in Kubernetes")
-                continue
-            conditions = (node.get("status") or {}).get("conditions") or []
-            ready = next((c for c in conditions if c.get("type") == "Ready"), None)
-            if ready is None or ready.get("status") != "True":
-                why = (
-                    f"{ready.get('reason')}: {ready.get('message')}"
-                    if ready is not None
-                    else "no Ready condition yet"
-                )
-                problems.append(f"node {ip} ({node['metadata']['name']}): not Ready ({why})")
-        return problems
-
     def static_pods_ready() -> list[str]:
         pods = kube_call(kube, lambda api: api.list(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods"))
         problems = []
@@ -240,6 +222,41 @@ def default_checks(topology: Topology, *, node_client: NodeClientFactory, kube: 
                     phase = (found[0].get("status") or {}).get("phase")
                     problems.append(f"node {ip}: {component} is {phase}, not Ready")
                     problems += [f"node {ip}: {problem}" for problem in image_problems(found[0])]
+        return problems
+
+    kube_only = kube_checks(topology, kube=kube)
+    return [
+        Check(ETCD_HEALTHY, etcd_healthy),
+        Check(ETCD_CONSISTENT, etcd_consistent),
+        kube_only[NODES_READY],
+        Check(STATIC_PODS_READY, static_pods_ready),
+        kube_only[API_ENDPOINT],
+        kube_only[CLUSTER_DNS],
+    ]
+
+
+def kube_checks(topology: Topology, *, kube: KubeFactory) -> dict[str, Check]:
+    """The checks that need only the Kubernetes API (by name): every node registered and Ready,
+    the endpoint's ``/readyz``, the cluster DNS answering, every kube-system pod Ready. A cluster
+    without kubeplane's agents (kubeadm's) is waited for with these."""
+
+    def nodes_ready() -> list[str]:
+        by_ip = kube_call(kube, _nodes_by_ip)
+        problems = []
+        for ip in topology.nodes:
+            node = by_ip.get(ip)
+            if node is None:
+                problems.append(f"node {ip}: not registered in Kubernetes")
+                continue
+            conditions = (node.get("status") or {}).get("conditions") or []
+            ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+            if ready is None or ready.get("status") != "True":
+                why = (
+                    f"{ready.get('reason')}: {ready.get('message')}"
+                    if ready is not None
+                    else "no Ready condition yet"
+                )
+                problems.append(f"node {ip} ({node['metadata']['name']}): not Ready ({why})")
         return problems
 
     def api_endpoint() -> list[str]:
@@ -271,14 +288,22 @@ def default_checks(topology: Topology, *, node_client: NodeClientFactory, kube: 
             *(problem for pod in pods for problem in image_problems(pod)),
         ]
 
-    return [
-        Check(ETCD_HEALTHY, etcd_healthy),
-        Check(ETCD_CONSISTENT, etcd_consistent),
-        Check(NODES_READY, nodes_ready),
-        Check(STATIC_PODS_READY, static_pods_ready),
-        Check(API_ENDPOINT, api_endpoint),
-        Check(CLUSTER_DNS, cluster_dns),
-    ]
+    def system_pods_ready() -> list[str]:
+        pods = kube_call(kube, lambda api: api.list(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods"))
+        problems = []
+        for pod in pods:
+            if not kube_client.is_ready(pod):
+                phase = (pod.get("status") or {}).get("phase")
+                problems.append(f"pod {SYSTEM_NAMESPACE}/{pod['metadata']['name']} is {phase}, not Ready")
+                problems += image_problems(pod)
+        return problems if pods else [f"no pod in {SYSTEM_NAMESPACE} yet"]
+
+    return {
+        NODES_READY: Check(NODES_READY, nodes_ready),
+        API_ENDPOINT: Check(API_ENDPOINT, api_endpoint),
+        CLUSTER_DNS: Check(CLUSTER_DNS, cluster_dns),
+        SYSTEM_PODS_READY: Check(SYSTEM_PODS_READY, system_pods_ready),
+    }
 
 
 async def _etcd_members(factory: NodeClientFactory, nodes: Sequence[str]) -> list[api.Reply[Any]]:

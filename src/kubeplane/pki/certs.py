@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import ipaddress
+import warnings
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Literal, TypeVar, get_args
@@ -84,7 +85,11 @@ class CertInfo:
 def load_certificate(cert_pem: bytes) -> x509.Certificate:
     """Parse the first certificate of a PEM bundle."""
     try:
-        return x509.load_pem_x509_certificate(cert_pem)
+        with warnings.catch_warnings():
+            # kubeadm v1.20 gives its CAs serial number 0, which RFC 5280 disallows; cryptography
+            # warns on every load of one, and a kubeadm cluster's CA is one kubeplane must read.
+            warnings.filterwarnings("ignore", message="Parsed a serial number which wasn't positive")
+            return x509.load_pem_x509_certificate(cert_pem)
     except ValueError as exc:
         raise errors.InvalidPEMError(f"not a PEM certificate: {exc}") from exc
 

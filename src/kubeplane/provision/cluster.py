@@ -41,6 +41,11 @@ from kubeplane.provision import state as state_mod
 DEFAULT_NAME = "kubeplane"
 DEFAULT_VERSION = config_mod.defaults.KUBERNETES_VERSION
 AGENT = "kubeplaned"
+#: The process record of a kubeadm node's init (:mod:`kubeplane.provision.kubeadm_node`), which
+#: runs where a kubeplane node runs its agent.
+KUBEADM_INIT = "init"
+#: ``ClusterMeta.kind`` of a cluster made by ``cluster create --kubeadm``.
+KIND_KUBEADM = "kubeadm"
 AGENT_PORT = api.DEFAULT_PORT
 #: The cluster's own metadata beside the state file (endpoint, client config it was merged into).
 META_FILE = "cluster.json"
@@ -75,6 +80,8 @@ class ClusterMeta:
     client_config_path: str = ""
     context: str = ""
     kubeconfig: str = ""
+    #: ``kubeadm`` for a cluster kubeadm made (no kubeplaned: reached by SSH); empty: kubeplane.
+    kind: str = ""
 
     @classmethod
     def load(cls, directory: Path) -> ClusterMeta | None:
@@ -129,6 +136,7 @@ def show(name: str, *, state_root: Path | None = None) -> dict[str, Any]:
     meta = ClusterMeta.load(cluster.directory)
     return {
         "name": cluster.name,
+        "kind": (meta.kind if meta else "") or "kubeplane",
         "endpoint": meta.endpoint if meta else "",
         "kubernetes_version": meta.kubernetes_version if meta else "",
         "kubeconfig": meta.kubeconfig if meta else "",
@@ -144,7 +152,10 @@ def show(name: str, *, state_root: Path | None = None) -> dict[str, Any]:
                 "netns": node.netns,
                 "root": node.root_dir,
                 "agent": "running"
-                if AGENT in node.processes and hostproc.is_running(node.processes[AGENT])
+                if any(
+                    key in node.processes and hostproc.is_running(node.processes[key])
+                    for key in (AGENT, KUBEADM_INIT)
+                )
                 else "stopped",
             }
             for node in cluster.nodes

@@ -71,10 +71,17 @@ MACHINE_DIRS = (
 #: Machine directories that start as a copy of the host's (symlinks kept), made once per node
 #: directory: the node trusts the host's CAs, and what machine.files appends to its CA bundle
 #: stays in its own copy.
-SEEDED_DIRS = ("etc/ssl/certs",)
+SEEDED_DIRS = ("etc/ssl/certs", "etc/default")
 MACHINE_ID = "etc/machine-id"
 #: Files a node owns besides its machine ID, relative to ``/``: its copy of the host's, bind-mounted.
 MACHINE_FILES = ("etc/hosts", "etc/resolv.conf")
+#: What a kubeadm node (:mod:`kubeplane.provision.kubeadm`) owns besides :data:`MACHINE_DIRS`: the
+#: commands installed on it (kubeadm, kubelet, kubectl, crictl, systemctl) in ``/usr/local/sbin``,
+#: first on root's ``PATH`` (not ``/usr/local/bin``, where the host's Python may live), its SSH
+#: server's configuration, host key and authorized keys, sshd's privilege separation directory,
+#: and ``/etc/default`` (``/etc/default/kubelet``: the node's own kubelet flags), which starts as a
+#: copy of the host's. Not ``/root``: the checkout running kubeplane may be there.
+KUBEADM_DIRS = ("usr/local/sbin", "etc/ssh", "run/sshd", "etc/default")
 
 
 class MachineError(Exception):
@@ -92,12 +99,13 @@ def machine_id(node_dir: Path) -> str:
     return value
 
 
-def prepare(node_dir: Path, *, host_root: Path = Path("/")) -> list[Path]:
-    """Make the node directory's standard directories and the host's mount points; the host
-    directories this created (they were missing)."""
+def prepare(node_dir: Path, *, host_root: Path = Path("/"), extra_dirs: Sequence[str] = ()) -> list[Path]:
+    """Make the node directory's standard directories (and ``extra_dirs``, e.g.
+    :data:`KUBEADM_DIRS`) and the host's mount points; the host directories this created (they
+    were missing)."""
     machine_id(node_dir)
     created = []
-    for relative in MACHINE_DIRS:
+    for relative in (*MACHINE_DIRS, *extra_dirs):
         own, target = node_dir / relative, host_root / relative
         if relative in SEEDED_DIRS and not own.exists() and target.is_dir():
             shutil.copytree(target, own, symlinks=True)
@@ -143,8 +151,11 @@ def remove_host_dirs(paths: Sequence[Path]) -> list[Path]:
     return kept
 
 
-def argv(*, node_dir: Path, hostname: str, command: Sequence[str]) -> list[str]:
-    """The command line that starts ``command`` as the node at ``node_dir`` (see the module docstring)."""
+def argv(
+    *, node_dir: Path, hostname: str, command: Sequence[str], extra_dirs: Sequence[str] = ()
+) -> list[str]:
+    """The command line that starts ``command`` as the node at ``node_dir`` (see the module
+    docstring), with ``extra_dirs`` bind-mounted too."""
     return [
         "unshare",
         "--mount",
@@ -159,6 +170,7 @@ def argv(*, node_dir: Path, hostname: str, command: Sequence[str]) -> list[str]:
         str(node_dir),
         "--hostname",
         hostname,
+        *(f"--extra-dir={relative}" for relative in extra_dirs),
         "--",
         *command,
     ]
@@ -172,10 +184,16 @@ def _bind(source: Path, target: Path) -> None:
         raise MachineError(f"cannot bind-mount {source} over {target}: {result.stderr.strip()}")
 
 
-def boot(*, node_dir: Path, hostname: str, command: Sequence[str]) -> None:
+def boot(*, node_dir: Path, hostname: str, command: Sequence[str], extra_dirs: Sequence[str] = ()) -> None:
     """Inside the node's new mount and UTS namespaces: hostname, bind mounts, then exec ``command``."""
+    unknown = [relative for relative in extra_dirs if relative not in KUBEADM_DIRS]
+    if unknown:
+        raise MachineError(
+            f"--extra-dir {unknown[0]}: a node may own only {', '.join(KUBEADM_DIRS)} besides its "
+            "standard directories"
+        )
     socket.sethostname(hostname)
-    for relative in MACHINE_DIRS:
+    for relative in (*MACHINE_DIRS, *extra_dirs):
         _bind(node_dir / relative, Path("/") / relative)
     for relative in (MACHINE_ID, *MACHINE_FILES):
         _bind(node_dir / relative, Path("/") / relative)
@@ -186,10 +204,16 @@ def main(args: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m kubeplane.provision.machine", description=__doc__)
     parser.add_argument("--node-dir", required=True, type=Path)
     parser.add_argument("--hostname", required=True)
+    parser.add_argument("--extra-dir", action="append", default=[], dest="extra_dirs")
     parser.add_argument("command", nargs="+")
     options = parser.parse_args(args)
     try:
-        boot(node_dir=options.node_dir.resolve(), hostname=options.hostname, command=options.command)
+        boot(
+            node_dir=options.node_dir.resolve(),
+            hostname=options.hostname,
+            command=options.command,
+            extra_dirs=options.extra_dirs,
+        )
     except (MachineError, OSError) as exc:
         sys.exit(f"node {options.hostname}: {exc}")
 

@@ -22,11 +22,17 @@ from kubeplane.agent import owned
 from kubeplane.config import client as client_config
 from kubeplane.provision import hostproc, machine, netns
 from kubeplane.provision import state as state_mod
-from kubeplane.provision.cluster import AGENT, ClusterError, ClusterMeta, list_clusters
+from kubeplane.provision.cluster import AGENT, KUBEADM_INIT, ClusterError, ClusterMeta, list_clusters
 from kubeplane.provision.leftovers import kill_node_processes, pod_netns_of_all, remove_pod_netns_names
 
 #: How long an agent may take to stop its services before it is killed.
 AGENT_STOP_TIMEOUT = 60.0
+#: What runs a node: its agent, or a kubeadm node's init; each stops the node's services.
+NODE_MAIN = (AGENT, KUBEADM_INIT)
+
+
+def _main_process(node: state_mod.NodeState) -> hostproc.ProcessRecord | None:
+    return next((node.processes[key] for key in NODE_MAIN if key in node.processes), None)
 
 
 def destroy(
@@ -41,7 +47,7 @@ def destroy(
     cluster = state_mod.ClusterState.load(name, root=state_root)
     meta = ClusterMeta.load(directory)
     progress("stopping node agents")
-    agents = [node.processes[AGENT] for node in cluster.nodes if AGENT in node.processes]
+    agents = [record for node in cluster.nodes if (record := _main_process(node)) is not None]
     pod_netns = pod_netns_of_all([record.pid for record in agents if hostproc.is_running(record)])
     for record in agents:
         if hostproc.is_running(record):
@@ -99,8 +105,9 @@ def _remove_context(path: Path, name: str, *, endpoint_ips: tuple[str, ...]) -> 
 
 
 def stop_node(node: state_mod.NodeState) -> None:
-    """Take one node down for good: stop its agent, kill what it left running, remove pod netns names."""
-    record = node.processes.get(AGENT)
+    """Take one node down for good: stop its agent (or init), kill what it left running, remove pod
+    netns names."""
+    record = _main_process(node)
     pod_netns = pod_netns_of_all([record.pid] if record is not None and hostproc.is_running(record) else [])
     if record is not None:
         hostproc.stop(record, timeout=AGENT_STOP_TIMEOUT)
