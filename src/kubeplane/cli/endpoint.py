@@ -15,13 +15,11 @@ each kube-apiserver and the new endpoint present (:class:`TLSProbe`).
 from __future__ import annotations
 
 import asyncio
-import base64
 import socket
 import ssl
 from pathlib import Path
 
 import click
-import yaml
 
 from kubeplane import pki
 from kubeplane import plan as plan_module
@@ -45,16 +43,8 @@ def register(group: click.Group) -> None:
     group.add_command(endpoint_group)
 
 
-def kubeconfig_server(text: str) -> str:
-    """The server of a kubeconfig's first cluster (empty when it has none)."""
-    document = yaml.safe_load(text) or {}
-    clusters = document.get("clusters") or ()
-    return str(clusters[0]["cluster"].get("server") or "") if clusters else ""
-
-
-def with_server(text: str, server: str) -> str:
-    """A kubeconfig with every cluster's server replaced by ``server``, the rest unchanged."""
-    return cli_upgrade.with_server(text, server)
+kubeconfig_server = kube_client.kubeconfig_server
+with_server = kube_client.with_server
 
 
 class EndpointNodeAPI(cli_upgrade.NodeAPIAdapter):
@@ -175,11 +165,10 @@ def _peer_certificate(host: str, port: int) -> bytes:
 
 def _cluster_ca(kubeconfig_text: str) -> bytes:
     """The CA certificate (PEM) of the admin kubeconfig's first cluster."""
-    document = yaml.safe_load(kubeconfig_text) or {}
-    try:
-        return base64.b64decode(document["clusters"][0]["cluster"]["certificate-authority-data"])
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise OpsError(f"the admin kubeconfig has no cluster CA: {exc}") from exc
+    ca = kube_client.kubeconfig_ca(kubeconfig_text)
+    if ca is None:
+        raise OpsError("the admin kubeconfig has no cluster CA (certificate-authority-data)")
+    return ca
 
 
 def _resume_command(*, url: str, kubeconfig: str | None) -> str:

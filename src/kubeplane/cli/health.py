@@ -16,7 +16,6 @@ same as one JSON document ``{"healthy", "checks", "diagnoses"}``. Either way the
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 from collections.abc import Sequence
 
@@ -80,13 +79,6 @@ def fetch_kubeconfig(target: connect.Target, *, server: str | None) -> str:
     return str(yaml.safe_dump(document, sort_keys=False))
 
 
-def cluster_ca(kubeconfig: str) -> bytes | None:
-    """The CA certificate (PEM) the kubeconfig trusts for its first cluster."""
-    clusters = (yaml.safe_load(kubeconfig) or {}).get("clusters") or []
-    data = (clusters[0].get("cluster") or {}).get("certificate-authority-data") if clusters else None
-    return base64.b64decode(data) if isinstance(data, str) else None
-
-
 @click.command()
 @click.option("--wait-timeout", default="5m", show_default=True, help="How long the checks may take in all.")
 @click.option("--control-plane-nodes", "cp_nodes", multiple=True, metavar="ADDR[,ADDR]")
@@ -145,7 +137,7 @@ def health(
             expected,
             node_client=node_client,
             kube=kube_factory,
-            cluster_ca=cluster_ca(kubeconfig),
+            cluster_ca=kube.kubeconfig_ca(kubeconfig),
             checks=results,
         )
         _explain(results, diagnose_ops.diagnose(evidence), json_output=not text)

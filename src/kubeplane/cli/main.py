@@ -39,6 +39,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "kubeplane.cli.endpoint": ("endpoint",),
     "kubeplane.cli.reset": ("reset",),
     "kubeplane.cli.agentupgrade": ("upgrade",),
+    "kubeplane.cli.kubeadm": ("kubeadm",),
 }  # fmt: skip
 _FAMILY_OF = {command: family for family, commands in FAMILIES.items() for command in commands}
 

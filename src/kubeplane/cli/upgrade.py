@@ -322,12 +322,7 @@ def resume_command(*, options: upgrade.Options, endpoint: str | None, kubeconfig
 
 def with_server(kubeconfig_text: str, endpoint: str | None) -> str:
     """The kubeconfig with every cluster's server replaced by ``endpoint`` (``--endpoint``)."""
-    if not endpoint:
-        return kubeconfig_text
-    document = yaml.safe_load(kubeconfig_text)
-    for cluster in document.get("clusters") or ():
-        cluster["cluster"]["server"] = endpoint
-    return str(yaml.safe_dump(document, sort_keys=False))
+    return kube_client.with_server(kubeconfig_text, endpoint) if endpoint else kubeconfig_text
 
 
 AdapterT = TypeVar("AdapterT", bound=KubeAPIAdapter)

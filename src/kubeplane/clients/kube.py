@@ -413,6 +413,32 @@ _FILE_FIELDS = (
 )
 
 
+def kubeconfig_server(text: str | bytes) -> str:
+    """The server of a kubeconfig's first cluster (empty when it has none)."""
+    document = yaml.safe_load(text) or {}
+    clusters = document.get("clusters") or () if isinstance(document, dict) else ()
+    return str((clusters[0].get("cluster") or {}).get("server") or "") if clusters else ""
+
+
+def with_server(text: str | bytes, server: str) -> str:
+    """A kubeconfig with every cluster's server replaced by ``server``, the rest unchanged."""
+    document = yaml.safe_load(text) or {}
+    for entry in document.get("clusters") or ():
+        entry.setdefault("cluster", {})["server"] = server
+    return str(yaml.safe_dump(document, sort_keys=False))
+
+
+def kubeconfig_ca(text: str | bytes) -> bytes | None:
+    """The CA certificate (PEM) a kubeconfig trusts for its first cluster; None if it names none."""
+    document = yaml.safe_load(text) or {}
+    clusters = document.get("clusters") or () if isinstance(document, dict) else ()
+    data = (clusters[0].get("cluster") or {}).get("certificate-authority-data") if clusters else None
+    try:
+        return base64.b64decode(data) if isinstance(data, str) else None
+    except ValueError:
+        return None
+
+
 def inline_files(text: str | bytes) -> str:
     """``text`` with every file a kubeconfig refers to (a CA, a client certificate or key, as the
     kubelet writes them) read in as the matching ``-data`` field, so :class:`KubeClient` can use
