@@ -131,30 +131,30 @@ def leftovers(cluster: state.ClusterState, *, client_config_path: Path) -> list[
     return found
 
 
-#: Modules that run before the others: the self-hosted cluster's hand-over from the temporary
-#: control plane is the most timing-sensitive step of the suite, so it gets the 2-core machine
-#: to itself, before the session-scoped clusters of the other modules exist.
+#: Modules that run before the others of their shard: the self-hosted cluster's hand-over from the
+#: temporary control plane is the most timing-sensitive step of the suite, so it runs before its
+#: shard makes any other cluster.
 FIRST_MODULES = ("test_convert.py",)
 
 
-#: ``KUBEPLANE_E2E_SHARD=a`` or ``b`` runs one of two halves of the e2e tests; scripts/test-tiers
-#: runs both at once (the tests mostly wait on clusters, so two streams fit the 2 cores). Unset:
-#: every test. A test goes where its shared cluster is made, so each is made once: tests on the
-#: 3+1 cluster in ``a``, tests on the 1+1 cluster in ``b`` (a test needing both runs in ``a``,
-#: which then makes its own 1+1 cluster under another name); modules with clusters of their own
-#: go to ``b`` unless listed in :data:`SHARD_A_MODULES` (which balances the two by duration).
+#: ``KUBEPLANE_E2E_SHARD=a``, ``b`` or ``c`` runs one of three parts of the e2e tests;
+#: scripts/test-tiers runs them at once (the tests mostly wait on clusters). Unset: every test. A
+#: test goes where its shared cluster is made, so each is made once: tests on the 3+1 cluster in
+#: ``a``, tests on the 1+1 cluster in ``b`` (a test needing both runs in ``a``, which then makes its
+#: own 1+1 cluster under another name); modules with clusters of their own go to ``c``, which
+#: balances the three by duration.
 SHARD_ENV = "KUBEPLANE_E2E_SHARD"
-SHARD_A_MODULES = ("test_convert.py", "test_vip_failover.py")
+SHARDS = ("a", "b", "c")
 
 
 def shard_of(item: pytest.Item) -> str:
-    """The shard (``a`` or ``b``) that runs ``item`` (see :data:`SHARD_ENV`)."""
+    """The shard (``a``, ``b`` or ``c``) that runs ``item`` (see :data:`SHARD_ENV`)."""
     fixtures = getattr(item, "fixturenames", ())
     if "cluster_3cp1w" in fixtures:
         return "a"
     if "cluster_1cp1w" in fixtures:
         return "b"
-    return "a" if item.path.name in SHARD_A_MODULES else "b"
+    return "c"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -163,8 +163,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     shard = os.environ.get(SHARD_ENV)
     if shard is not None:
-        if shard not in ("a", "b"):
-            raise pytest.UsageError(f"{SHARD_ENV}={shard!r}: expected a or b")
+        if shard not in SHARDS:
+            raise pytest.UsageError(f"{SHARD_ENV}={shard!r}: expected one of {', '.join(SHARDS)}")
         here = Path(__file__).parent
         other = [item for item in items if item.path.parent == here and shard_of(item) != shard]
         if other:
@@ -312,7 +312,8 @@ def _cluster(
             registry_log=Path(created.dirs["registry"]) / "registry.log",
         )
     finally:
-        if created is None and cluster_mod.exists(name, state_root=root):
+        # The state as it is now: nodes a test added are checked for leftovers too.
+        if cluster_mod.exists(name, state_root=root):
             created = state.ClusterState.load(name, root=root)
         destroyed = run_kubeplane(env, "cluster", "destroy", "--name", name)
         assert destroyed.returncode == 0, f"cluster destroy failed:\n{destroyed.stdout}\n{destroyed.stderr}"

@@ -305,18 +305,19 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def netns() -> Iterator[NetNS]:
-    """A fresh namespace ``kpt-XXXX`` with ``10.213.X.2`` inside and ``10.213.X.1`` on the host."""
+    """A fresh namespace ``kpt-XXXX`` with ``10.213.X.2`` inside and ``10.213.X.1`` on the host
+    (``kpt<stream>-XXXX`` and the stream's half of X: :data:`machines.STREAM`)."""
     require_binary("/usr/sbin/ip", "ip")
     require_binary("/usr/bin/nsenter", "nsenter")
     suffix = uuid.uuid4().hex[:6]
-    subnet = int(suffix[:2], 16)
+    subnet = machines.octet()
     ns = NetNS(
-        name=f"kpt-{suffix}",
-        host_link=f"kpt{suffix}h",
+        name=f"{machines.PREFIX}-{suffix}",
+        host_link=f"{machines.PREFIX}{suffix}h",
         host_ip=f"10.213.{subnet}.1",
         node_ip=f"10.213.{subnet}.2",
     )
-    peer = f"kpt{suffix}n"
+    peer = f"{machines.PREFIX}{suffix}n"
     try:
         _ip("netns", "add", ns.name)
         _ip("link", "add", ns.host_link, "type", "veth", "peer", "name", peer)
@@ -340,7 +341,7 @@ def netns() -> Iterator[NetNS]:
 @pytest.fixture
 def cgroup_root() -> Iterator[str]:
     """A cgroup ``/kpt-XXXX`` created in every v1 hierarchy (kubelet's ``--cgroup-root``)."""
-    name = f"kpt-{uuid.uuid4().hex[:6]}"
+    name = f"{machines.PREFIX}-{uuid.uuid4().hex[:6]}"
     hierarchies = owned.cgroup_hierarchies()
     if not hierarchies:
         pytest.fail("no cgroup v1 hierarchy is mounted; kubelet v1.20 needs cgroup v1", pytrace=False)
@@ -608,14 +609,14 @@ def _test_artifacts() -> set[str]:
     """Namespaces, links and cgroups with the test prefix, and what is left of the session's
     machine-node networks, that exist right now."""
     found = (
-        {f"netns {p.name}" for p in Path("/run/netns").glob("kpt-*")}
+        {f"netns {p.name}" for p in Path("/run/netns").glob(f"{machines.PREFIX}-*")}
         if Path("/run/netns").is_dir()
         else set()
     )
-    found |= {f"link {p.name}" for p in Path("/sys/class/net").glob("kpt*")}
+    found |= {f"link {p.name}" for p in Path("/sys/class/net").glob(f"{machines.PREFIX}*")}
     found |= machines.lan_leftovers()
     for hierarchy in owned.cgroup_hierarchies():
-        found |= {f"cgroup {p}" for p in hierarchy.glob("kpt-*")}
+        found |= {f"cgroup {p}" for p in hierarchy.glob(f"{machines.PREFIX}-*")}
     return found
 
 

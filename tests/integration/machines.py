@@ -30,6 +30,21 @@ from pathlib import Path
 from kubeplane.provision import leftovers, machine, netns
 from kubeplane.provision import state as state_mod
 
+#: ``KUBEPLANE_TEST_STREAM`` (``scripts/test-tiers`` runs the integration tests in two concurrent
+#: streams, ``a`` and ``b``): the letter in the names of everything this session makes, so a leak
+#: check never takes the other stream's namespaces, links or cgroups for its own leaks, and the
+#: half of every test subnet's third octet it draws from, so two sessions never pick one subnet.
+STREAM = os.environ.get("KUBEPLANE_TEST_STREAM", "")
+#: The prefix of this session's namespaces (``kpta-...``), host links and cgroups.
+PREFIX = f"kpt{STREAM}"
+
+
+def octet() -> int:
+    """A random third octet for a test subnet, from this stream's half of 0..255."""
+    low, high = {"a": (0, 127), "b": (128, 255)}.get(STREAM, (0, 255))
+    return random.randint(low, high)
+
+
 #: Host mount points this session created for its machine nodes.
 _CREATED: list[Path] = []
 #: Names of the test networks this session made (a leak check looks for what is left of them).
@@ -98,13 +113,13 @@ class Host:
 class Lan:
     """A bridge with one network namespace per node, made by the provisioner's own network code."""
 
-    PREFIX = "kpt"  # the cluster name's; its bridge is kp-kpt<hex>, its namespaces kp-kpt<hex>-<node>
+    PREFIX = PREFIX  # the cluster name's; its bridge is kp-kpt<hex>, its namespaces kp-kpt<hex>-<node>
 
     def __init__(self, directory: Path) -> None:
         self.name = f"{self.PREFIX}{uuid.uuid4().hex[:6]}"
         LANS.add(self.name)
         self.state = state_mod.ClusterState(name=self.name, directory=directory)
-        self.cidr = f"10.214.{random.randrange(256)}.0/24"
+        self.cidr = f"10.214.{octet()}.0/24"
         self.names: list[str] = []
 
     def add(self, name: str | None = None) -> Host:
@@ -118,7 +133,7 @@ class Lan:
             except netns.AddressConflict:
                 if self.state.network is not None:
                     raise
-                self.cidr = f"10.214.{random.randrange(256)}.0/24"
+                self.cidr = f"10.214.{octet()}.0/24"
         else:
             raise netns.AddressConflict(f"no free 10.214.N.0/24 for the test network {self.name}")
         node = plan.nodes[-1]

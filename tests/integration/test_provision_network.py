@@ -9,7 +9,6 @@ destroys the network and removes the state; the tests themselves check that noth
 from __future__ import annotations
 
 import dataclasses
-import random
 import shutil
 import ssl
 import subprocess
@@ -20,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import machines
 import pytest
 
 import kubeplane
@@ -106,8 +106,8 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster
         require_binary(tool)
     # A short root keeps haproxy's admin socket path under the unix socket limit.
     monkeypatch.setenv(state.STATE_ENV, str(tmp_path / "c"))
-    name = f"kpt{uuid.uuid4().hex[:6]}"
-    plan = netns.plan(name, NODES, cidr=f"10.217.{random.randrange(256)}.0/24")
+    name = f"{machines.PREFIX}{uuid.uuid4().hex[:6]}"
+    plan = netns.plan(name, NODES, cidr=f"10.217.{machines.octet()}.0/24")
     cluster_state = state.ClusterState.open(name)
     try:
         yield Cluster(cluster_state, plan)
