@@ -41,7 +41,13 @@ for name in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-p
   chmod +x _output/bin/$name
 done
 # kubeadm: its default configs (the reflect2 check) and the images it asks for.
-printf '#!/bin/sh\\ncase "$*" in "config images list"*) echo k8s.gcr.io/etcd:3.4.13-0;; *) echo "kind: InitConfiguration";; esac\\n' > _output/bin/kubeadm
+cat > _output/bin/kubeadm <<'KUBEADM'
+#!/bin/sh
+case "$*" in
+  "config images list"*) echo k8s.gcr.io/etcd:3.4.13-0 ;;
+  *) echo "kind: InitConfiguration" ;;
+esac
+KUBEADM
 chmod +x _output/bin/kubeadm
 """
 FAILING_MAKE = """#!/bin/sh
