@@ -61,12 +61,22 @@ class RuntimeClient:
     def close(self) -> None:
         self._channel.close()
 
-    def call(self, method: str, request: Message, reply: type[R]) -> R:
+    def call(self, method: str, request: Message, reply: type[R], *, deadline: bool = True) -> R:
+        """One CRI call; ``deadline=False`` (an image pull) lets it take as long as it takes once
+        the runtime answered, as crictl's ``--timeout`` bounds the connection, not a pull."""
         stub: Callable[..., R] = self._channel.unary_unary(
             method, request_serializer=type(request).SerializeToString, response_deserializer=reply.FromString
         )
+        if not deadline:
+            try:
+                grpc.channel_ready_future(self._channel).result(timeout=self.timeout)
+            except grpc.FutureTimeoutError as exc:
+                raise CrictlError(
+                    f"connect to the runtime at {self.endpoint!r}: no answer within {self.timeout:g}s "
+                    "(is containerd running?)"
+                ) from exc
         try:
-            return stub(request, timeout=self.timeout)
+            return stub(request, timeout=self.timeout if deadline else None)
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None
             details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
@@ -123,7 +133,7 @@ class RuntimeClient:
 
     def pull(self, image: str) -> str:
         request = cri_pb2.PullImageRequest(image=cri_pb2.ImageSpec(image=image))
-        return self.call(_IMAGES + "PullImage", request, cri_pb2.PullImageResponse).image_ref
+        return self.call(_IMAGES + "PullImage", request, cri_pb2.PullImageResponse, deadline=False).image_ref
 
 
 # -- output --
