@@ -137,24 +137,25 @@ def leftovers(cluster: state.ClusterState, *, client_config_path: Path) -> list[
 FIRST_MODULES = ("test_convert.py",)
 
 
-#: ``KUBEPLANE_E2E_SHARD=a``, ``b`` or ``c`` runs one of three parts of the e2e tests;
-#: scripts/test-tiers runs them at once (the tests mostly wait on clusters). Unset: every test. A
-#: test goes where its shared cluster is made, so each is made once: tests on the 3+1 cluster in
-#: ``a``, tests on the 1+1 cluster in ``b`` (a test needing both runs in ``a``, which then makes its
-#: own 1+1 cluster under another name); modules with clusters of their own go to ``c``, which
-#: balances the three by duration.
+#: ``KUBEPLANE_E2E_SHARD=a`` or ``b`` runs one of two halves of the e2e tests; scripts/test-tiers
+#: runs both at once (the tests mostly wait on clusters, so two streams fit the 2 cores). Unset:
+#: every test. A test goes where its shared cluster is made, so each is made once: tests on the
+#: 3+1 cluster in ``a``, tests on the 1+1 cluster in ``b`` (a test needing both runs in ``a``,
+#: which then makes its own 1+1 cluster under another name); modules with clusters of their own
+#: go to ``b`` unless listed in :data:`SHARD_A_MODULES` (which balances the two by duration).
 SHARD_ENV = "KUBEPLANE_E2E_SHARD"
-SHARDS = ("a", "b", "c")
+SHARDS = ("a", "b")
+SHARD_A_MODULES = ("test_convert.py", "test_vip_failover.py")
 
 
 def shard_of(item: pytest.Item) -> str:
-    """The shard (``a``, ``b`` or ``c``) that runs ``item`` (see :data:`SHARD_ENV`)."""
+    """The shard (``a`` or ``b``) that runs ``item`` (see :data:`SHARD_ENV`)."""
     fixtures = getattr(item, "fixturenames", ())
     if "cluster_3cp1w" in fixtures:
         return "a"
     if "cluster_1cp1w" in fixtures:
         return "b"
-    return "c"
+    return "a" if item.path.name in SHARD_A_MODULES else "b"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -30,10 +30,11 @@ from pathlib import Path
 from kubeplane.provision import leftovers, machine, netns
 from kubeplane.provision import state as state_mod
 
-#: ``KUBEPLANE_TEST_STREAM`` (``scripts/test-tiers`` runs the integration tests in two concurrent
-#: streams, ``a`` and ``b``): the letter in the names of everything this session makes, so a leak
-#: check never takes the other stream's namespaces, links or cgroups for its own leaks, and the
-#: half of every test subnet's third octet it draws from, so two sessions never pick one subnet.
+#: ``KUBEPLANE_TEST_STREAM`` (``a`` and ``b`` when two integration sessions run at once, e.g. the
+#: agent's tests in one terminal and the rest in another): the letter in the names of everything
+#: this session makes, so a leak check never takes the other stream's namespaces, links or cgroups
+#: for its own leaks, and the half of every test subnet's third octet it draws from, so two
+#: sessions never pick one subnet.
 STREAM = os.environ.get("KUBEPLANE_TEST_STREAM", "")
 #: The prefix of this session's namespaces (``kpta-...``), host links and cgroups.
 PREFIX = f"kpt{STREAM}"
