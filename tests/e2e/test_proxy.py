@@ -14,8 +14,8 @@ Each pull asks for a tag pushed just before under a fresh name, so no node alrea
 cluster is left as it was: the patch is removed again and the cluster is healthy.
 
 The guide's next step, the DNS nameservers, goes in the same patch and shows in the node's
-``/etc/resolv.conf``. Its NTP servers are not acted on by a local node, which shares the host's
-clock (README.md, "Corporate proxies").
+``/etc/resolv.conf``. Its NTP servers run chronyd in the node (tests/integration/agent/
+test_agent_time_sync.py follows that part with a real NTP server).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def for_node(*, paths: NodePaths, wireguard: wireguard_io.Daemons) -> list[Contr
         static_pod.ControlPlaneStaticPodController(paths=paths),
         kubelet_static_pod.KubeletStaticPodController(paths=paths),
         manifest.ManifestController(),
-        extra_manifest.ExtraManifestController(),
+        extra_manifest.ExtraManifestController(ca_bundles=paths.ca_bundles),
         bootstrap_status.BootstrapStatusController(),
         manifest_apply.ManifestApplyController(),
         pod_network.PodNetworkController(paths=paths),

@@ -166,6 +166,13 @@ class NodePaths:
         return self.system / "network" / "resolv.conf.replaced"
 
     @property
+    def ca_bundles(self) -> tuple[Path, ...]:
+        """The machine's CA bundles, which ``machine.files`` may append to (the custom-CA guide):
+        Debian's ``ca-certificates.crt`` and the guide's ``ca-certificates``."""
+        certs = self.root / "etc" / "ssl" / "certs"
+        return (certs / "ca-certificates.crt", certs / "ca-certificates")
+
+    @property
     def hosts(self) -> Path:
         """The node's hosts file (``machine.network.extraHostEntries``)."""
         return self.root / "etc" / "hosts"

@@ -8,12 +8,21 @@ Failures are per manifest: a URL that cannot be downloaded (the message names it
 does not parse into objects is logged as an error and leaves every other manifest published. The
 failed manifest keeps its previously published content, if any, so a flaky server does not make a
 manifest disappear, and the controller tries again after ``retry_interval`` seconds.
+
+HTTPS downloads trust what the machine trusts, as containerd's pulls do: the machine's CA
+bundles (``/etc/ssl/certs/ca-certificates.crt`` and the custom-CA guide's
+``/etc/ssl/certs/ca-certificates``, where ``machine.files`` appends a PEM) on top of OpenSSL's
+defaults, not only the CA list bundled with the HTTP library. They are read at each reconcile,
+so an appended CA counts from the next download on.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import logging
+import ssl
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +32,22 @@ from kubeplane.controllers import ControllerError
 from kubeplane.controllers.k8s import control_plane, outputs
 from kubeplane.resources import catalog
 from kubeplane.runtime import Input, Output, OutputKind, ReconcileContext
+
+log = logging.getLogger(__name__)
+
+
+def machine_trust(bundles: Sequence[Path]) -> ssl.SSLContext:
+    """A client TLS context trusting OpenSSL's defaults and every CA in ``bundles`` that exists
+    (one that does not parse is skipped and logged: the others still count)."""
+    context = ssl.create_default_context()
+    for bundle in bundles:
+        if not bundle.is_file():
+            continue
+        try:
+            context.load_verify_locations(cafile=str(bundle))
+        except (ssl.SSLError, OSError) as exc:
+            log.warning("CA bundle %s not used: %s", bundle, exc)
+    return context
 
 
 class ManifestSourceError(ControllerError):
@@ -79,7 +104,10 @@ class ExtraManifestController:
     # Shared: ManifestController writes the same type in the ``controlplane`` namespace.
     outputs = (Output(catalog.MANIFESTS, OutputKind.SHARED),)
 
-    def __init__(self, *, timeout: float = 30.0, retry_interval: float = 30.0) -> None:
+    def __init__(
+        self, *, ca_bundles: Sequence[Path] = (), timeout: float = 30.0, retry_interval: float = 30.0
+    ) -> None:
+        self.ca_bundles = tuple(ca_bundles)
         self.timeout = timeout
         self.retry_interval = retry_interval
 
@@ -95,7 +123,9 @@ class ExtraManifestController:
         headers = {str(k): str(v) for k, v in (data.get("headers") or {}).items()}
         results: dict[str, list[dict[str, Any]] | ManifestSourceError] = {}
 
-        async with httpx.AsyncClient(timeout=self.timeout, follow_redirects=True) as client:
+        # Off the event loop: loading the bundle takes tens of milliseconds.
+        trust = await asyncio.to_thread(machine_trust, self.ca_bundles)
+        async with httpx.AsyncClient(verify=trust, timeout=self.timeout, follow_redirects=True) as client:
 
             async def fetch(entry: Mapping[str, Any]) -> None:
                 url = str(entry["url"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -109,16 +110,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 class LocalServer:
-    """An HTTP server on 127.0.0.1 serving fixed bodies per path."""
+    """An HTTP server on 127.0.0.1 serving fixed bodies per path; HTTPS with ``tls`` (an SSL
+    server context holding its certificate)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         handler = type("Handler", (_Handler,), {"routes": {}, "seen_headers": []})
         self.handler = handler
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.scheme = "http"
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+            self.scheme = "https"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+        return f"{self.scheme}://127.0.0.1:{self.server.server_address[1]}{path}"
 
     def serve(self, path: str, body: bytes, status: int = 200) -> str:
         self.handler.routes[path] = (status, body)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ssl
+from pathlib import Path
 from typing import Any
 
 import pytest
 from k8s_harness import LocalServer, eventually, publish_addresses, publish_config, put, run, settle
 
+from kubeplane import pki
 from kubeplane.clients import kube
+from kubeplane.config.paths import NodePaths
 from kubeplane.controllers.k8s import manifest_apply
 from kubeplane.controllers.k8s.control_plane import K8sControlPlaneController
 from kubeplane.controllers.k8s.extra_manifest import ExtraManifestController
@@ -119,6 +123,50 @@ def test_credentials_in_an_extra_manifest_url_stay_out_of_ids_and_logs(
     assert "hunter2" not in logged and "s3cr3t" not in logged and "***@" in logged
     # The download itself used them: basic auth from the URL's user info.
     assert any(headers.get("Authorization", "").startswith("Basic ") for headers in local_server.seen_headers)
+
+
+def test_an_https_extra_manifest_is_trusted_once_its_ca_is_in_the_machines_bundle(
+    doc: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The custom-CA guide: a PEM appended to the machine's CA bundle is trusted by the agent's own
+    downloads, as by containerd's pulls."""
+    ca = pki.new_ca("internal-ca")
+    served = pki.issue(ca=ca, common_name="manifests", ip_addresses=["127.0.0.1"], usages=("server",))
+    (tmp_path / "server.crt").write_bytes(served.cert)
+    (tmp_path / "server.key").write_bytes(served.key)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "server.crt", tmp_path / "server.key")
+    paths = NodePaths(root=tmp_path / "node")
+    bundle = paths.ca_bundles[1]  # the guide's /etc/ssl/certs/ca-certificates
+    bundle.parent.mkdir(parents=True)
+    bundle.write_bytes(pki.new_ca("some-other-ca").cert)
+    paths.ca_bundles[0].write_text("not a certificate\n")  # a broken bundle does not stop the other
+    server = LocalServer(tls=context)
+    server.thread.start()
+    try:
+        url = server.serve("/cni.yaml", b"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cni\n")
+        doc["cluster"]["extraManifests"] = [url]
+
+        async def body(state: State) -> None:
+            publish_addresses(state)
+            publish_config(state, doc)
+            await eventually(
+                lambda: any("CERTIFICATE_VERIFY_FAILED" in r.getMessage() for r in caplog.records),
+                what="the download refused while the machine does not trust the CA",
+            )
+            assert ids(state, catalog.EXTRAS_NAMESPACE) == []
+            with bundle.open("ab") as handle:  # what machine.files' `op: append` does
+                handle.write(ca.cert)
+            expected = [f"99-{url}"]
+            await eventually(lambda: ids(state, catalog.EXTRAS_NAMESPACE) == expected, what="the manifest")
+
+        controller = ExtraManifestController(ca_bundles=paths.ca_bundles, retry_interval=0.2)
+        with caplog.at_level("WARNING"):
+            run([K8sControlPlaneController(), controller], body)
+    finally:
+        server.server.shutdown()
+        server.server.server_close()
+    assert any(f"CA bundle {paths.ca_bundles[0]} not used" in r.getMessage() for r in caplog.records)
 
 
 def test_apply_order_puts_namespaces_and_crds_first() -> None:
