@@ -671,6 +671,9 @@ class KubeadmHA:
         started = (await session.run("systemctl show kubelet -p ActiveEnterTimestamp --value")).stdout
         if started.strip() and parse_timestamp(started) > changed_at:
             return False
+        # Both times have whole seconds: a restart in the second of the change would look older
+        # than the change to a re-run, which would restart the kubelet again.
+        await asyncio.sleep(max(0.0, changed_at + 1 - time.time()))
         restarted_at = time.time()
         await session.run("systemctl restart kubelet")
         self.progress.info(f"{session.target.name or session.target.host}: kubelet restarted")
