@@ -26,12 +26,9 @@ are printed.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import ipaddress
 import json
-import os
-import signal
 import socket
 import struct
 import threading
@@ -44,9 +41,7 @@ from e2e_clients import ApiPoller, api_client, wait_until
 from kubernetes import client as k8s_client
 from pyroute2 import IPRoute  # type: ignore[import-untyped]
 
-from kubeplane.provision import create, hostproc, netns, planning, state, teardown
-from kubeplane.provision import leftovers as leftovers_mod
-from kubeplane.provision.cluster import AGENT
+from kubeplane.provision import create, netns, state, teardown
 from kubeplane.services import vip, vip_io
 
 pytestmark = pytest.mark.e2e
@@ -228,30 +223,7 @@ def api_answers(cluster: E2ECluster, *, timeout: float = 60) -> float:
             time.sleep(0.05)
 
 
-# -- losing a node and getting it back ------------------------------------------------------------
-
-
-def kill(node: state.NodeState) -> None:
-    """SIGKILL the node's agent and every process of the node at once, as a power cut would."""
-    record = node.processes[AGENT]
-    assert hostproc.is_running(record)
-    processes = leftovers_mod.node_processes(node)
-    pod_netns = leftovers_mod.pod_netns_of_all(processes)
-    os.killpg(record.pid, signal.SIGKILL)
-    for pid in processes:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    leftovers_mod.kill_node_processes(node)
-    leftovers_mod.remove_pod_netns_names(pod_netns)
-
-
-def start_again(cluster: E2ECluster, name: str) -> None:
-    """Start the node's agent again over its directory: it boots with its saved config, as a
-    machine that was switched back on."""
-    current = cluster.state()
-    node = current.node(name)
-    plan = planning.NodePlan(node.name, node.role, node.ip, node.netns, config="")
-    create.start_agent(current, plan, command=create.agent_command())
+# -- losing a node (teardown.power_off, teardown.stop_node, link down) and getting it back ----------
 
 
 @dataclasses.dataclass
@@ -356,7 +328,7 @@ def test_the_vip_is_the_endpoint_and_moves_on_every_loss(vip_cluster: E2ECluster
                 rejoined.extend(poller.failures[window_end:])
                 window_end = len(poller.failures)
 
-        lose("SIGKILL", kill, lambda node: start_again(cluster, node.name))
+        lose("SIGKILL", teardown.power_off, lambda node: create.power_on(cluster.state(), node.name))
 
         stopping: list[threading.Thread] = []
 
@@ -367,7 +339,7 @@ def test_the_vip_is_the_endpoint_and_moves_on_every_loss(vip_cluster: E2ECluster
 
         def start_stopped(node: state.NodeState) -> None:
             stopping[-1].join(timeout=120)
-            start_again(cluster, node.name)
+            create.power_on(cluster.state(), node.name)
 
         lose("SIGTERM", stop, start_stopped)
 

@@ -444,6 +444,14 @@ def start_registry(
             progress.info(f"could not keep a copy of the registry storage in {seed}: {exc}")
 
 
+def power_on(cluster: state_mod.ClusterState, name: str) -> None:
+    """Start node ``name``'s agent again over its directory, after it was stopped or powered off: it
+    boots with its saved config, as a machine switched back on."""
+    node = cluster.node(name)
+    plan = NodePlan(node.name, node.role, node.ip, node.netns, config="")
+    start_agent(cluster, plan, command=agent_command())
+
+
 def start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Sequence[str]) -> None:
     """Start ``kubeplaned`` for the recorded node ``node`` in its namespace (a machine over its own
     directory), recording its directory, cgroups and process first; nothing if it already runs.

@@ -23,7 +23,12 @@ from kubeplane.config import client as client_config
 from kubeplane.provision import hostproc, machine, netns
 from kubeplane.provision import state as state_mod
 from kubeplane.provision.cluster import AGENT, KUBEADM_INIT, ClusterError, ClusterMeta, list_clusters
-from kubeplane.provision.leftovers import kill_node_processes, pod_netns_of_all, remove_pod_netns_names
+from kubeplane.provision.leftovers import (
+    kill_node_processes,
+    node_processes,
+    pod_netns_of_all,
+    remove_pod_netns_names,
+)
 
 #: How long an agent may take to stop its services before it is killed.
 AGENT_STOP_TIMEOUT = 60.0
@@ -111,6 +116,22 @@ def stop_node(node: state_mod.NodeState) -> None:
     pod_netns = pod_netns_of_all([record.pid] if record is not None and hostproc.is_running(record) else [])
     if record is not None:
         hostproc.stop(record, timeout=AGENT_STOP_TIMEOUT)
+    kill_node_processes(node)
+    remove_pod_netns_names(pod_netns)
+
+
+def power_off(node: state_mod.NodeState) -> None:
+    """SIGKILL the node's agent and every process of the node at once, as a power cut would:
+    nothing is stopped in order, nothing given up (``create.power_on`` switches it back on)."""
+    record = _main_process(node)
+    processes = node_processes(node)
+    pod_netns = pod_netns_of_all(processes)
+    if record is not None and hostproc.is_running(record):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(record.pid, signal.SIGKILL)
+    for pid in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     kill_node_processes(node)
     remove_pod_netns_names(pod_netns)
 
