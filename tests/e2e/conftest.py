@@ -145,7 +145,7 @@ FIRST_MODULES = ("test_convert.py",)
 #: go to ``b`` unless listed in :data:`SHARD_A_MODULES` (which balances the two by duration).
 SHARD_ENV = "KUBEPLANE_E2E_SHARD"
 SHARDS = ("a", "b")
-SHARD_A_MODULES = ("test_convert.py", "test_vip_failover.py")
+SHARD_A_MODULES = ("test_convert.py", "test_vip_failover.py", "test_wireguard.py")
 
 
 def shard_of(item: pytest.Item) -> str:
