@@ -15,6 +15,9 @@ As the third seed's "Resetting a Machine" guide runs it, with our CLI:
    ``etcd``) and the config given back: etcd starts from the data of the member the reset removed,
    its peers refuse it, and ``health --explain`` says so (``etcd-stale-data``) naming the fix,
    ``reset --graceful=false --wipe etcd --reboot``; run as named, the node joins again.
+5. a reset for a broken cluster, ``--graceful=false``: no drain, no leave, so etcd still lists the
+   node's member; the cleanup the README documents follows from a healthy control plane node,
+   ``etcd remove-member NAME`` and ``kubectl delete node NAME``, and the machine rejoins.
 """
 
 from __future__ import annotations
@@ -238,3 +241,35 @@ def test_etcd_data_kept_by_a_reset_is_diagnosed_as_stale_and_the_named_fix_works
         )
         health = cluster.cli("health", "--wait-timeout", "5m", timeout=400)
         assert health.returncode == 0, health.stdout + health.stderr
+
+
+def test_a_forced_reset_is_cleaned_up_with_remove_member_and_the_node_rejoins(
+    cluster_3cp1w: E2ECluster, tmp_path: Path
+) -> None:
+    cluster = cluster_3cp1w
+    first, _, node = cluster.control_plane
+    host = hostname_of(cluster, node)
+    everyone = {hostname_of(cluster, cp) for cp in cluster.control_plane}
+    wait_until("three etcd voters", lambda: voters(cluster, first) == everyone, timeout=300)
+    saved = saved_config(cluster, node, tmp_path / "controlplane.yaml")
+
+    forced = cluster.cli("-n", node, "reset", "--graceful=false", "--reboot", timeout=600)
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert "cordoned" not in forced.stdout, forced.stdout
+    # Nothing left etcd: the member is still listed, its Node still there.
+    assert voters(cluster, first) == everyone
+    assert cluster.kubectl("get", "node", host).returncode == 0
+
+    removed = cluster.cli("-n", first, "etcd", "remove-member", host)
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    assert voters(cluster, first) == everyone - {host}
+    deleted = cluster.kubectl("delete", "node", host)
+    assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+    readyz = cluster.kubectl("get", "--raw", "/readyz")
+    assert readyz.returncode == 0 and readyz.stdout.strip() == "ok", readyz.stdout + readyz.stderr
+
+    rejoin = cluster.cli("-n", node, "apply-config", "--insecure", "--file", str(saved), timeout=120)
+    assert rejoin.returncode == 0, rejoin.stdout + rejoin.stderr
+    wait_until("the node to be an etcd voter again", lambda: voters(cluster, first) == everyone, timeout=300)
+    health = cluster.cli("health", "--wait-timeout", "5m", timeout=400)
+    assert health.returncode == 0, health.stdout + health.stderr
