@@ -7,7 +7,9 @@ node runs, as a power cut), alternating; after each, the lost node is started ag
 cluster's health awaited before the next round (so a loss never costs etcd its quorum).
 
 A client lists kube-system pods through ``https://VIP:6443`` every 50 ms on a kept-alive
-connection (2 s timeout; a failed request opens a new connection on the next try). Per round:
+connection (2 s to answer, 0.5 s to connect, so a request sent while no node has the address
+does not hide the new owner's first answer behind its timeout; a failed request opens a new
+connection on the next try). Per round:
 the new owner's delay (loss → the first 50 ms sample of the nodes' interfaces in which another
 node holds the VIP) and the API gap: the longest time between two answered requests around the
 loss, i.e. the last answer served by the old owner to the first answered through the new one.
@@ -47,7 +49,7 @@ class Poller:
 
     def __init__(self, kubeconfig: Path, server: str) -> None:
         _, context = tls_context(kubeconfig)
-        self._client = httpx.Client(base_url=server, verify=context, timeout=2)
+        self._client = httpx.Client(base_url=server, verify=context, timeout=httpx.Timeout(2, connect=0.5))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.answered: list[float] = []
