@@ -23,6 +23,7 @@ import base64
 import datetime
 import os
 import re
+import shutil
 import ssl
 import subprocess
 import sys
@@ -194,10 +195,15 @@ def main() -> None:
         if options.keep and "bka" in made:
             made.remove("bka")
             print(f"kept: KUBEPLANE_STATE={env['KUBEPLANE_STATE']} kubeplane cluster destroy --name bka")
-        for name in made:
+        destroyed = [
             subprocess.run(
                 [KUBEPLANE, "cluster", "destroy", "--name", name], env={**os.environ, **env}, check=False
-            )
+            ).returncode
+            == 0
+            for name in made
+        ]
+        if not options.keep and all(destroyed):
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
