@@ -190,7 +190,8 @@ KIND_BOOTSTRAP = "bootstrap"
 RERUN = "the half-made cluster stays for inspection until destroyed; the creation starts over"
 
 
-def _step(kind: str, component: str, target: str, node: str = "") -> plan_module.Step:
+def new_step(kind: str, component: str, target: str, node: str = "") -> plan_module.Step:
+    """A step of a provisioning plan (create, grow, kubeadm create): nothing to compare first."""
     return plan_module.Step(kind=kind, component=component, node=node, current="", target=target)
 
 
@@ -232,34 +233,34 @@ class Creation:
         seeded += ", the pod-checkpointer image" if cluster_plan.request.self_hosted else ""
         seeded += " and the busybox and agnhost workload images"
         steps = [
-            _step(KIND_STATE, "cluster state", f"{directory} (metadata, secrets bundle)"),
-            _step(
+            new_step(KIND_STATE, "cluster state", f"{directory} (metadata, secrets bundle)"),
+            new_step(
                 KIND_NETWORK, "network", f"bridge {network.bridge} on {network.cidr}, a namespace per node"
             ),
         ]
         if not network.vip:
             steps.append(
-                _step(
+                new_step(
                     KIND_START,
                     "load balancer",
                     f"haproxy on {network.host_ip}:{lb.API_PORT} to {len(cluster_plan.controlplanes)} "
                     "control plane nodes",
                 )
             )
-        steps.append(_step(KIND_START, "registry", f"{cluster_plan.registry_url} holding {seeded}"))
+        steps.append(new_step(KIND_START, "registry", f"{cluster_plan.registry_url} holding {seeded}"))
         for role, title in (("controlplane", "master nodes"), ("worker", "worker nodes")):
             members = [node for node in cluster_plan.nodes if node.role == role]
             if members:
                 names = ", ".join(f"{node.name} ({node.ip})" for node in members)
-                steps.append(_step(KIND_START, title, f"{AGENT} in maintenance mode on {names}"))
+                steps.append(new_step(KIND_START, title, f"{AGENT} in maintenance mode on {names}"))
         configs = f"{len(cluster_plan.nodes)} machine configs (insecure)"
         if network.vip:
             configs += f"; the control plane nodes elect the owner of the endpoint's VIP {network.vip}"
-        steps.append(_step(KIND_APPLY, "configs", configs))
+        steps.append(new_step(KIND_APPLY, "configs", configs))
         first = cluster_plan.controlplanes[0]
         founding = "self-hosted control plane" if cluster_plan.request.self_hosted else "static pods"
-        steps.append(_step(KIND_BOOTSTRAP, "etcd", f"founded here, {founding}", node=first.ip))
-        steps.append(_step(KIND_STATE, "client config and kubeconfig", str(self.client_config_path)))
+        steps.append(new_step(KIND_BOOTSTRAP, "etcd", f"founded here, {founding}", node=first.ip))
+        steps.append(new_step(KIND_STATE, "client config and kubeconfig", str(self.client_config_path)))
         return plan_module.Plan(
             title=f"create cluster {cluster_plan.name!r} ({cluster_plan.request.kubernetes_version})",
             steps=tuple(steps),

@@ -60,6 +60,7 @@ from kubeplane.provision import hostproc, netns, planning, teardown
 from kubeplane.provision import loadbalancer as lb
 from kubeplane.provision import state as state_mod
 from kubeplane.provision.cluster import AGENT, ClusterError, ClusterMeta, PlanError, node_hint
+from kubeplane.provision.create import new_step as _step
 from kubeplane.services import etcd as etcd_rules
 
 
@@ -274,10 +275,6 @@ def _kube(access: create_mod.CreatedCluster, call: Callable[[kube.KubeClient], A
             return await call(client)
 
     return asyncio.run(scenario())
-
-
-def _step(kind: str, component: str, target: str, node: str = "") -> plan_module.Step:
-    return plan_module.Step(kind=kind, component=component, node=node, current="", target=target)
 
 
 # -- adding ------------------------------------------------------------------------------------

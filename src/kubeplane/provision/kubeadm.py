@@ -70,6 +70,7 @@ from kubeplane.provision.cluster import (
     node_root,
     write_kubeconfig,
 )
+from kubeplane.provision.create import new_step as _step
 from kubeplane.services import cni
 from kubeplane.services import containerd as containerd_mod
 
@@ -517,10 +518,6 @@ def route_pod_networks(cluster: state_mod.ClusterState, nodes: Sequence[KubeadmN
 
 
 # -- the creation ---------------------------------------------------------------------------------
-
-
-def _step(kind: str, component: str, target: str, node: str = "") -> plan_module.Step:
-    return plan_module.Step(kind=kind, component=component, node=node, current="", target=target)
 
 
 class KubeadmCreation:
