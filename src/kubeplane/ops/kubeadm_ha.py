@@ -573,6 +573,17 @@ class KubeadmHA:
             item = await api.get("/api/v1/namespaces/kube-system/configmaps/kubeadm-config")
         return dict(yaml.safe_load((item.get("data") or {}).get("ClusterConfiguration") or "") or {})
 
+    def _default_sans(self, config: dict[str, Any]) -> set[str]:
+        """The SANs kubeadm gave the first control plane node's API server certificate."""
+        cp = self.request.control_plane
+        networking = config.get("networking") or {}
+        return default_sans(
+            node_name=cp.name,
+            advertise=cp.address,
+            service_subnet=str(networking.get("serviceSubnet") or "10.96.0.0/12"),
+            dns_domain=str(networking.get("dnsDomain") or "cluster.local"),
+        )
+
     async def _endpoint_verifies(self) -> bool:
         """Whether the endpoint serves a certificate of the cluster CA for its own name."""
         try:
@@ -595,13 +606,7 @@ class KubeadmHA:
                 await self._wait_served()
                 return plan_module.CHANGED
             config = await self._cluster_configuration()
-            networking = config.get("networking") or {}
-            defaults = default_sans(
-                node_name=cp.name,
-                advertise=cp.address,
-                service_subnet=str(networking.get("serviceSubnet") or "10.96.0.0/12"),
-                dns_domain=str(networking.get("dnsDomain") or "cluster.local"),
-            )
+            defaults = self._default_sans(config)
             old = cert_sans(on_disk)
             sans = wanted_cert_sans(config, old_sans=old, defaults=defaults, endpoint_host=host)
             scratch = f"{JOBS_DIR}/pki"
@@ -830,13 +835,7 @@ class KubeadmHA:
         cp = self.request.control_plane
         async with self.on(cp) as session:
             old = cert_sans(await session.read(APISERVER_CERT))
-            networking = config.get("networking") or {}
-            defaults = default_sans(
-                node_name=cp.name,
-                advertise=cp.address,
-                service_subnet=str(networking.get("serviceSubnet") or "10.96.0.0/12"),
-                dns_domain=str(networking.get("dnsDomain") or "cluster.local"),
-            )
+            defaults = self._default_sans(config)
             wanted = wanted_cert_sans(config, old_sans=old, defaults=defaults, endpoint_host=host)
             updated = ha_cluster_config(
                 config, cert_sans=wanted, endpoint=self.request.control_plane_endpoint
