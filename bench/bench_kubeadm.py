@@ -63,6 +63,20 @@ def run(env: dict[str, str], *args: str, on_line: Any = None) -> tuple[float, li
     return time.monotonic() - started, lines, wall
 
 
+def clean_up(env: dict[str, str], names: list[str], work: Path, *, keep_directory: bool = False) -> None:
+    """Destroy the benchmark's clusters ``names``; then its temporary directory ``work``, unless
+    kept or a destroy failed (its state is what a second destroy needs)."""
+    destroyed = [
+        subprocess.run(
+            [KUBEPLANE, "cluster", "destroy", "--name", name], env={**os.environ, **env}, check=False
+        ).returncode
+        == 0
+        for name in names
+    ]
+    if not keep_directory and all(destroyed):
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def step_seconds(lines: list[str]) -> list[tuple[str, float]]:
     """(step headline, seconds) for every step of a plan's progress output."""
     found, current = [], None
@@ -195,15 +209,7 @@ def main() -> None:
         if options.keep and "bka" in made:
             made.remove("bka")
             print(f"kept: KUBEPLANE_STATE={env['KUBEPLANE_STATE']} kubeplane cluster destroy --name bka")
-        destroyed = [
-            subprocess.run(
-                [KUBEPLANE, "cluster", "destroy", "--name", name], env={**os.environ, **env}, check=False
-            ).returncode
-            == 0
-            for name in made
-        ]
-        if not options.keep and all(destroyed):
-            shutil.rmtree(work, ignore_errors=True)
+        clean_up(env, made, work, keep_directory=options.keep)
 
 
 if __name__ == "__main__":

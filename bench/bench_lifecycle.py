@@ -31,7 +31,7 @@ from pathlib import Path
 import yaml
 
 import kubeplane
-from bench_kubeadm import KUBEPLANE, Poller, run
+from bench_kubeadm import KUBEPLANE, Poller, clean_up, run
 from kubeplane.provision import state
 
 NAME = "blife"
@@ -124,11 +124,7 @@ def main() -> None:
             f"failed, longest gap {poller.longest_gap:.2f}s {poller.failures[:5]}"
         )
     finally:
-        destroyed = subprocess.run(
-            [KUBEPLANE, "cluster", "destroy", "--name", NAME], env={**os.environ, **env}, check=False
-        )
-        if destroyed.returncode == 0:
-            shutil.rmtree(work, ignore_errors=True)
+        clean_up(env, [NAME], work)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import httpx
 
-from bench_kubeadm import KUBEPLANE, run, tls_context
+from bench_kubeadm import KUBEPLANE, clean_up, run, tls_context
 from kubeplane.provision import create, netns, state, teardown
 
 NAME = "bvip"
@@ -184,11 +183,7 @@ def main() -> None:
                 f"failed requests per loss: max {max((r[2] for r in rows), default=0)}"
             )
     finally:
-        destroyed = subprocess.run(
-            [KUBEPLANE, "cluster", "destroy", "--name", NAME], env={**os.environ, **env}, check=False
-        )
-        if destroyed.returncode == 0:
-            shutil.rmtree(work, ignore_errors=True)
+        clean_up(env, [NAME], work)
 
 
 if __name__ == "__main__":
