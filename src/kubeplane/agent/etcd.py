@@ -57,7 +57,7 @@ from kubeplane.clients import etcd as etcd_client
 from kubeplane.config.paths import NodePaths
 from kubeplane.fileio import write_atomic
 from kubeplane.services import etcd as etcd_rules
-from kubeplane.services import process, supervisor
+from kubeplane.services import process, supervisor, vip
 
 log = logging.getLogger("kubeplaned.etcd")
 
@@ -100,6 +100,20 @@ def _file_stamp(path: Path) -> tuple[int, int, int]:
     """What tells a replaced file apart: inode, size and modification time (ns)."""
     status = path.stat()
     return status.st_ino, status.st_size, status.st_mtime_ns
+
+
+async def vip_holders(
+    client: etcd_client.EtcdClient, *, me: str, released: Sequence[bytes] = (), wait: float = 0.0
+) -> set[str]:
+    """The nodes other than ``me`` holding a shared VIP, after waiting up to ``wait`` seconds for
+    every key in ``released`` (VIPs ``me`` just gave up) to be held by another node."""
+    deadline = time.monotonic() + wait
+    while True:
+        found = await client.get(vip.KEY_PREFIX, prefix=True)
+        held = {kv.key: kv.value.decode(errors="replace") for kv in found.kvs}
+        if all(held.get(key, me) != me for key in released) or time.monotonic() >= deadline:
+            return set(held.values()) - {me}
+        await asyncio.sleep(0.05)
 
 
 class EtcdMember:
@@ -443,13 +457,24 @@ class EtcdMember:
         with contextlib.suppress(FileNotFoundError):
             self.marker.unlink()
 
-    async def forfeit_leadership(self) -> str:
+    async def forfeit_leadership(self, *, released: Sequence[bytes] = (), wait: float = 0.0) -> str:
+        """Hand this member's leadership to another voter, if it leads; nodes holding a shared VIP
+        are asked last.
+
+        A VIP holder that also leads etcd makes its own loss slow: an etcd election first, then
+        the new leader extends every lease, the VIP's too, before another node can take the VIP
+        (:mod:`kubeplane.services.vip_election`). Left to itself, etcd would hand leadership to
+        its most up-to-date follower on the way down, holder or not. ``released``: VIP keys this
+        node has just given up; up to ``wait`` seconds go to letting another node take each
+        first, so that its new holder is known here.
+        """
         async with self.client() as client:
             endpoint = client.endpoints[0]
             if not (await client.status(endpoint)).is_leader:
                 return f"{self.name} is not the etcd leader; nothing to do"
+            holders = await vip_holders(client, me=self.name, released=released, wait=wait)
             try:
-                target = await client.hand_over_leadership(endpoint)
+                target = await client.hand_over_leadership(endpoint, last=holders)
             except client_errors.EtcdUnavailable as exc:
                 raise EtcdRefused(f"moving the etcd leadership failed: {exc}") from exc
         if target is None:

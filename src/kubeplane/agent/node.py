@@ -84,6 +84,10 @@ _ACT_AFTER = 0.2
 #: finish, idle client connections are closed) before its services stop as in a reboot, which
 #: kills what is left; the rest of that shutdown is waiting for long-running watches.
 APISERVER_STOP_TIMEOUT = 10.0
+#: How long a halting control plane node spends handing its etcd leadership over (then etcd does
+#: it as it stops), and of that how long it waits for another node to take the VIPs it gave up.
+HALT_HANDOVER_TIMEOUT = 5.0
+VIP_TAKEOVER_WAIT = 1.0
 #: The CRI label naming a container within its pod.
 _CONTAINER_NAME_LABEL = "io.kubernetes.container.name"
 #: Lifetime of an admin kubeconfig issued by the node when the secrets have none yet.
@@ -343,10 +347,13 @@ class Node:
         if self._runtime is not None:
             self.events.emit("sequence", "halt", "stopping services and controllers")
         # The shared VIP goes first, while etcd and the kube-apiserver still run.
+        released: list[bytes] = []
         for controller in self._controllers:
             if isinstance(controller, vip_controller.VipController):
-                await controller.release()
+                released += await controller.release()
         if self.services is not None:
+            if self.services.etcd is not None:
+                await self._hand_over_etcd_leadership(self.services.etcd, released)
             await self.services.stop()
             self.services = None
         if self._runtime is not None:
@@ -358,6 +365,19 @@ class Node:
         self._runtime = None
         self._wireguard = None
         self.state = None
+
+    async def _hand_over_etcd_leadership(self, etcd: EtcdMember, released: list[bytes]) -> None:
+        """Before etcd stops, its leadership goes to a voter that holds no shared VIP (etcd's own
+        hand-over on SIGTERM picks its most up-to-date follower, which may be the VIP's holder;
+        see :meth:`EtcdMember.forfeit_leadership`). Bounded: on failure etcd hands it over itself."""
+        try:
+            async with asyncio.timeout(HALT_HANDOVER_TIMEOUT):
+                wait = VIP_TAKEOVER_WAIT if released else 0.0
+                said = await etcd.forfeit_leadership(released=released, wait=wait)
+        except (TimeoutError, EtcdRefused, client_errors.EtcdError) as exc:
+            log.info("halting: etcd leadership not handed over (%s); etcd does it as it stops", exc)
+            return
+        log.info("halting: %s", said)
 
     async def _shutdown(self) -> None:
         for task in list(self._tasks):

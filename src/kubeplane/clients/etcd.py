@@ -39,7 +39,7 @@ import os
 import ssl
 import tempfile
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Sequence
 from typing import IO, Any, Literal
 
 import httpx
@@ -671,18 +671,20 @@ class EtcdClient:
         body = {"targetID": str(target_id)}
         await self._call("/v3/maintenance/transfer-leadership", body, endpoint=endpoint)
 
-    async def hand_over_leadership(self, endpoint: str) -> Member | None:
+    async def hand_over_leadership(self, endpoint: str, *, last: Collection[str] = ()) -> Member | None:
         """If the member behind ``endpoint`` leads, make another voting member the leader.
 
         Returns the new leader; None when that member does not lead (nothing to do) or no other
-        member can take over. Started voters are tried in the order etcd lists them until one
-        takes it (a member that is down fails the transfer after its election timeout).
+        member can take over. Started voters are tried in the order etcd lists them, the members
+        named in ``last`` after the others, until one takes it (a member that is down fails the
+        transfer after its election timeout).
         """
         status = await self.status(endpoint)
         if not status.is_leader:
             return None
         members = await self.member_list()
-        candidates = [m for m in members if m.id != status.member_id and not m.is_learner and m.name]
+        voters = [m for m in members if m.id != status.member_id and not m.is_learner and m.name]
+        candidates = sorted(voters, key=lambda member: member.name in last)
         failures: list[str] = []
         for member in candidates:
             try:

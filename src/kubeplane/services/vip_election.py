@@ -27,7 +27,10 @@ every lease by its TTL, so the others could take the VIP over only after about t
 is done once per tenure, inside the failover that made this node the holder, and never again
 while it holds the VIP: every leader change fails the writes etcd has in flight ("etcdserver:
 leader changed", a 500 from the API server), so a periodic hand-over would cost clients failed
-requests while nothing else changes. A holder that becomes etcd's leader later keeps leading.
+requests while nothing else changes. A holder that becomes etcd's leader later keeps leading;
+it seldom does, since a control plane node that halts while it leads etcd hands the leadership
+to a voter holding no VIP (:meth:`kubeplane.agent.etcd.EtcdMember.forfeit_leadership`), where
+etcd left to itself picks its most up-to-date follower.
 
 Cancelling :meth:`Election.run` (the agent stops, the config changes) gives the VIP up the same
 way before it returns. :attr:`Election.status` says who owns the VIP as far as this node knows,

@@ -149,14 +149,17 @@ class VipController:
             self._tasks.append(ctx.start_task(TASK_PREFIX + address.ip, election.run()))
             ctx.logger.info("campaigning for VIP %s on %s (%s)", address.ip, address.link, address.field)
 
-    async def release(self) -> None:
+    async def release(self) -> list[bytes]:
         """Give up every VIP now, for good: the node is halting, and hands the VIP over while its
-        etcd still answers (the lease revoked, not left to expire)."""
+        etcd still answers (the lease revoked, not left to expire). Returns the etcd keys of the
+        VIPs this node held."""
         self._released = True
+        held = [election.key for election in self._elections.values() if election.status.held]
         for task in self._tasks:
             task.cancel()
         if self._tasks:
             await asyncio.wait(self._tasks)
+        return held
 
     async def _stop(self, ctx: ReconcileContext) -> None:
         """Stop every election (each gives up the VIP it holds) and what they used."""
