@@ -145,7 +145,7 @@ FIRST_MODULES = ("test_convert.py",)
 #: go to ``b`` unless listed in :data:`SHARD_A_MODULES` (which balances the two by duration).
 SHARD_ENV = "KUBEPLANE_E2E_SHARD"
 SHARDS = ("a", "b")
-SHARD_A_MODULES = ("test_convert.py", "test_vip_failover.py", "test_wireguard.py")
+SHARD_A_MODULES = ("test_convert.py", "test_vip_failover.py", "test_wireguard_ports.py")
 
 
 def shard_of(item: pytest.Item) -> str:
@@ -378,12 +378,13 @@ def cluster_selfhosted(
 def cluster_wireguard(
     e2e_env: dict[str, str], toolchain_paths: toolchain.ToolchainPaths
 ) -> Iterator[E2ECluster]:
-    """A fresh 1+1 cluster created with ``--wireguard-cidr`` (test_wireguard.py)."""
+    """A fresh 1+1 cluster created with ``--wireguard-cidr`` and moved ports, ``--node-api-port
+    51000 --trustd-port 51001`` (test_wireguard_ports.py)."""
     yield from _cluster(
         e2e_env,
         name="e2ewg",
         cidr="10.5.29.0/24",
         controlplanes=1,
         workers=1,
-        extra_args=("--wireguard-cidr", "10.1.29.0/24"),
+        extra_args=("--wireguard-cidr", "10.1.29.0/24", "--node-api-port", "51000", "--trustd-port", "51001"),
     )

@@ -158,6 +158,17 @@ def cluster() -> None:
     "--cidr, neither the host's nor a node's. `kubeplane get vip` shows its owner.",
 )
 @click.option(
+    "--node-api-port",
+    type=click.IntRange(1, 65535),
+    help=f"machine.ports.nodeAPI of every node (default {config_mod.defaults.DEFAULT_NODE_API_PORT}): "
+    "the node API moves there once a node booted; the client config's endpoints get it too.",
+)
+@click.option(
+    "--trustd-port",
+    type=click.IntRange(1, 65535),
+    help=f"machine.ports.trustd of every node (default {config_mod.defaults.DEFAULT_TRUSTD_PORT}).",
+)
+@click.option(
     "--kubeadm",
     is_flag=True,
     help="A kubeadm cluster instead: `kubeadm init` on the first node, workers joined with "
@@ -183,6 +194,8 @@ def create(
     dns_upstreams: tuple[str, ...],
     wireguard_cidr: str | None,
     vip: str | None,
+    node_api_port: int | None,
+    trustd_port: int | None,
     kubeadm: bool,
     dry_run: bool,
 ) -> None:
@@ -201,6 +214,8 @@ def create(
             "--dns-upstream": bool(dns_upstreams),
             "--wireguard-cidr": wireguard_cidr is not None,
             "--vip": vip is not None,
+            "--node-api-port": node_api_port is not None,
+            "--trustd-port": trustd_port is not None,
         }
         refused = [option for option, set_ in given.items() if set_]
         if refused:
@@ -235,6 +250,8 @@ def create(
             dns_upstreams=dns_upstreams,
             wireguard_cidr=wireguard_cidr,
             vip=vip,
+            node_api_port=node_api_port,
+            trustd_port=trustd_port,
         )
         request = dataclasses.replace(request, service_subnet=_service_subnet(name))
         plan = planning.plan(request, progress=click.echo)
@@ -410,7 +427,7 @@ def wait_healthy(
     kubeconfig = created.kubeconfig.read_text()
 
     def node_client(nodes: Sequence[str]) -> api.NodeClient:
-        return api.NodeClient(created.controlplanes, credentials=created.credentials, nodes=tuple(nodes))
+        return api.NodeClient(created.endpoints, credentials=created.credentials, nodes=tuple(nodes))
 
     def kube_client() -> kube.KubeClient:
         return kube.KubeClient(kubeconfig, timeout=health.REQUEST_TIMEOUT)

@@ -2,9 +2,10 @@
 
 Which nodes are control plane nodes: ``--control-plane-nodes`` / ``--worker-nodes`` if given;
 else, when the context is named after a local cluster, that cluster's roles; else the context's
-endpoints are the control plane nodes and its other nodes the workers (the layout
-``cluster create`` writes). The Kubernetes API is reached with the admin kubeconfig the node API
-hands out, through its server (the control plane endpoint) or ``--k8s-endpoint``.
+endpoints (their hosts: ``HOST:PORT`` is a moved node API) are the control plane nodes and its
+other nodes the workers (the layout ``cluster create`` writes). The Kubernetes API is reached
+with the admin kubeconfig the node API hands out, through its server (the control plane
+endpoint) or ``--k8s-endpoint``.
 
 ``--explain`` runs each check once (or within ``--wait-timeout`` when that is given), then gathers
 evidence from every node and the Kubernetes API (:mod:`kubeplane.ops.evidence`) and prints the
@@ -25,6 +26,7 @@ import yaml
 from kubeplane import api
 from kubeplane.cli import connect, output
 from kubeplane.clients import kube
+from kubeplane.config.scalars import parse_host_port
 from kubeplane.ops import diagnose as diagnose_ops
 from kubeplane.ops import evidence as evidence_ops
 from kubeplane.ops import health as health_ops
@@ -52,10 +54,20 @@ def topology(
             controlplanes=tuple(n.ip for n in cluster.nodes if n.role == "controlplane"),
             workers=workers or tuple(n.ip for n in cluster.nodes if n.role == "worker"),
         )
+    endpoints = tuple(_address(endpoint) for endpoint in target.endpoints)
     return health_ops.Topology(
-        controlplanes=target.endpoints,
-        workers=workers or tuple(n for n in target.nodes if n not in target.endpoints),
+        controlplanes=endpoints,
+        workers=workers or tuple(n for n in target.nodes if n not in endpoints),
     )
+
+
+def _address(endpoint: str) -> str:
+    """The node address of a node API endpoint (``HOST:PORT`` when its node API moved): nodes are
+    known by their addresses (Node objects, pods' hostIP); anything else as it is."""
+    try:
+        return parse_host_port(endpoint)[0]
+    except ValueError:
+        return endpoint
 
 
 def fetch_kubeconfig(target: connect.Target, *, server: str | None) -> str:

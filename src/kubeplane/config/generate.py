@@ -256,9 +256,14 @@ def generate(options: GenOptions, secrets: SecretsBundle) -> GeneratedConfigs:
 
 
 def _node_api_endpoint(host: str, documents: Mapping[str, Document]) -> str:
-    """``host``, or ``host:port`` when the configs (options or patches) move the node API's port."""
+    """The client endpoint of ``host`` with the node API's port of the configs (options or patches)."""
     ports = next(iter(documents.values()))["machine"].get("ports") or {}
-    port = ports.get("nodeAPI")
+    return node_api_endpoint(host, ports.get("nodeAPI"))
+
+
+def node_api_endpoint(host: str, port: int | None) -> str:
+    """A client endpoint of the node API: ``host``, or ``host:port`` (``[v6]:port``) when ``port``
+    is not the default (None is the default)."""
     if port is None or port == defaults.DEFAULT_NODE_API_PORT:
         return host
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -12,8 +12,10 @@ the endpoint, once they run) → ``start registry`` (seeded with the images of e
 toolchain build in the cache, so an upgrade to another cached version pulls through it; its
 storage starts as a copy of the last seeded one kept in the cache (``registry-storage``), so the
 pushes mostly find their image present) → ``start master nodes`` / ``start worker nodes`` (one
-``kubeplaned`` per node in its network namespace, in maintenance mode, each waited for) → ``apply
-configs`` (insecure apply) → ``bootstrap etcd`` (the first control plane node founds etcd) →
+``kubeplaned`` per node in its network namespace, in maintenance mode on port 50000, each waited
+for) → ``apply configs`` (insecure apply; booted, a node's node API moves to the cluster's
+``machine.ports``, :attr:`~kubeplane.provision.state.ClusterState.node_api_port`, where every later
+call reaches it) → ``bootstrap etcd`` (the first control plane node founds etcd) →
 ``write client config and kubeconfig``. Waiting for health is a step the caller adds (the CLI runs
 :mod:`kubeplane.ops.health`), because ``provision`` and ``ops`` are siblings that never import
 each other.
@@ -39,6 +41,8 @@ from kubeplane import plan as plan_module
 from kubeplane.agent import owned
 from kubeplane.agent import services as agent_services
 from kubeplane.config import client as client_config
+from kubeplane.config import defaults as config_defaults
+from kubeplane.config import generate as gen
 from kubeplane.config import toolchain_cache
 from kubeplane.provision import (
     checkpointer_image,
@@ -144,6 +148,17 @@ class CreatedCluster:
     controlplanes: tuple[str, ...]
     workers: tuple[str, ...]
     credentials: api.Credentials
+    #: Where the booted nodes' node API listens (``cluster create --node-api-port``).
+    node_api_port: int = api.DEFAULT_PORT
+
+    def node_api_endpoint(self, ip: str) -> str:
+        """The node API of the (booted) node at ``ip``, with the cluster's port when it moved it."""
+        return gen.node_api_endpoint(ip, self.node_api_port)
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The node API endpoints of the control plane nodes (the client config context's)."""
+        return tuple(self.node_api_endpoint(ip) for ip in self.controlplanes)
 
 
 def _run(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -254,6 +269,9 @@ class Creation:
                 names = ", ".join(f"{node.name} ({node.ip})" for node in members)
                 steps.append(new_step(KIND_START, title, f"{AGENT} in maintenance mode on {names}"))
         configs = f"{len(cluster_plan.nodes)} machine configs (insecure)"
+        ports = (cluster_plan.node_api_port, cluster_plan.trustd_port)
+        if ports != (AGENT_PORT, config_defaults.DEFAULT_TRUSTD_PORT):
+            configs += f"; booted, the node API moves to port {ports[0]}, trustd to {ports[1]}"
         if network.vip:
             configs += f"; the control plane nodes elect the owner of the endpoint's VIP {network.vip}"
         steps.append(new_step(KIND_APPLY, "configs", configs))
@@ -294,6 +312,7 @@ class Creation:
             controlplanes=tuple(node.ip for node in self.cluster_plan.controlplanes),
             workers=tuple(node.ip for node in self.cluster_plan.workers),
             credentials=self.credentials,
+            node_api_port=self.cluster_plan.node_api_port,
         )
 
     @property
@@ -306,6 +325,9 @@ class Creation:
 
     def _state(self) -> None:
         self._cluster = state_mod.ClusterState.open(self.cluster_plan.name, root=self.state_root)
+        self._cluster.node_api_port = self.cluster_plan.node_api_port
+        self._cluster.trustd_port = self.cluster_plan.trustd_port
+        self._cluster.save()
         self._meta.save(self._cluster.directory)
         write_secrets_bundle(self._cluster.directory, self.cluster_plan.secrets)
 
@@ -349,8 +371,9 @@ class Creation:
 
     def _bootstrap(self) -> None:
         first = self.cluster.node(self.cluster_plan.controlplanes[0].name)
+        address = self.cluster.node_api_endpoint(first.ip)
         _retry(
-            lambda: _run(_bootstrap(first.ip, self.credentials, request=self.cluster_plan.request)),
+            lambda: _run(_bootstrap(address, self.credentials, request=self.cluster_plan.request)),
             timeout=self.step_timeout,
             what=f"bootstrap of {first.name} ({first.ip})",
             hint=node_hint(first),
@@ -367,7 +390,7 @@ class Creation:
         meta.context = renames.get(self._context_name, self._context_name)
         meta.save(cluster.directory)
         text = _retry(
-            lambda: _run(_kubeconfig(first.ip, self.credentials)),
+            lambda: _run(_kubeconfig(self.cluster.node_api_endpoint(first.ip), self.credentials)),
             timeout=self.step_timeout,
             what=f"fetching the admin kubeconfig from {first.name}",
             hint=node_hint(first),
@@ -486,7 +509,8 @@ def start_agent(cluster: state_mod.ClusterState, node: NodePlan, *, command: Seq
 
 
 def wait_maintenance(node: state_mod.NodeState, *, timeout: float) -> None:
-    """Wait until the node's agent answers (insecure: it has no config yet); fail if it exited."""
+    """Wait until the node's agent answers (insecure: it has no config yet) on ``--listen``'s
+    :data:`AGENT_PORT`, whatever ports its config will move it to; fail if it exited."""
 
     async def version() -> object:
         async with api.NodeClient.insecure([node.ip], timeout=5.0) as client:

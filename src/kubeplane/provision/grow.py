@@ -5,13 +5,15 @@ next free index of the cluster network (so the next free address and veth name) 
 free number of its role (``<cluster>-controlplane-2``), a namespace on the cluster bridge, a
 ``kubeplaned`` in maintenance mode and its role's config, which is the running config of a node
 of the same role with the new hostname: the cluster's secrets, the patches it was created with and
-any version an upgrade moved it to. A new control plane node then joins etcd by itself (as a
-learner, promoted once caught up; :mod:`kubeplane.agent.etcd`) and renders its static pods; it
-enters the load balancer only once its etcd member votes and its API server is ready, because
-haproxy puts a server in rotation before its first health check. In a cluster whose endpoint is
-a VIP (``cluster create --vip``) there is no load balancer: a new control plane node's config
-carries the VIP like its source's, and it joins the election once its API server answers; its
-address is never the VIP's (:func:`plan_additions` skips it).
+any version an upgrade moved it to, and the cluster's ``machine.ports`` (a new node is reached
+on the maintenance port until it boots, then on the cluster's node API port, as every node). A
+new control plane node then joins etcd by itself (as a learner, promoted once caught up;
+:mod:`kubeplane.agent.etcd`) and renders its static pods; it enters the load balancer only once
+its etcd member votes and its API server is ready, because haproxy puts a server in rotation
+before its first health check. In a cluster whose endpoint is a VIP (``cluster create --vip``)
+there is no load balancer: a new control plane node's config carries the VIP like its source's,
+and it joins the election once its API server answers; its address is never the VIP's
+(:func:`plan_additions` skips it).
 
 Every new node is recorded in the state with ``joined: false`` before anything is made for it and
 marked joined only at the end, so a failed add is undone by ``cluster remove`` (or ``cluster
@@ -216,11 +218,13 @@ def cluster_access(cluster: state_mod.ClusterState) -> create_mod.CreatedCluster
         controlplanes=tuple(n.ip for n in cluster.nodes if n.role == "controlplane" and n.joined),
         workers=tuple(n.ip for n in cluster.nodes if n.role == "worker" and n.joined),
         credentials=api.Credentials(ca=context.ca_pem, cert=context.client.cert, key=context.client.key),
+        node_api_port=cluster.node_api_port,
     )
 
 
 def sync_context(cluster: state_mod.ClusterState) -> None:
-    """Point the cluster's client config context at its joined nodes (endpoints: control planes)."""
+    """Point the cluster's client config context at its joined nodes (endpoints: control planes,
+    with the cluster's node API port when it moved it)."""
     meta = ClusterMeta.load(cluster.directory)
     if meta is None or not meta.client_config_path or not meta.context:
         return
@@ -232,7 +236,7 @@ def sync_context(cluster: state_mod.ClusterState) -> None:
     joined = [node for node in cluster.nodes if node.joined]
     updated = dataclasses.replace(
         context,
-        endpoints=tuple(node.ip for node in joined if node.role == "controlplane"),
+        endpoints=tuple(cluster.node_api_endpoint(node.ip) for node in joined if node.role == "controlplane"),
         nodes=tuple(node.ip for node in joined),
     )
     client_config.save(dataclasses.replace(config, contexts={**config.contexts, meta.context: updated}), path)
@@ -261,9 +265,12 @@ def _update_backends(cluster: state_mod.ClusterState, names: Collection[str]) ->
     )
 
 
-def _node_call(access: create_mod.CreatedCluster, address: str, call: Callable[[api.NodeClient], Any]) -> Any:
+def _node_call(access: create_mod.CreatedCluster, ip: str, call: Callable[[api.NodeClient], Any]) -> Any:
+    """``call`` on the booted node at ``ip`` (on the cluster's node API port), its one reply unwrapped."""
+
     async def scenario() -> Any:
-        async with api.NodeClient([address], credentials=access.credentials, timeout=30.0) as client:
+        endpoint = access.node_api_endpoint(ip)
+        async with api.NodeClient([endpoint], credentials=access.credentials, timeout=30.0) as client:
             return (await call(client))[0].unwrap()
 
     return asyncio.run(scenario())
@@ -419,7 +426,12 @@ class Growth:
         for addition in self.additions:
             if self._configured(addition):
                 continue
-            text = planning.node_config(documents[addition.role], hostname=addition.name)
+            text = planning.node_config(
+                documents[addition.role],
+                hostname=addition.name,
+                node_api_port=self.cluster.node_api_port,
+                trustd_port=self.cluster.trustd_port,
+            )
             create_mod.apply_config(self.cluster.node(addition.name), text, timeout=self.step_timeout)
         return plan_module.CHANGED
 

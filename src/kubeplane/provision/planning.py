@@ -59,6 +59,9 @@ class ClusterRequest:
     wireguard_cidr: str | None = None
     #: ``--vip``: the shared address that is the cluster's endpoint (no haproxy); None: haproxy.
     vip: str | None = None
+    #: ``--node-api-port`` / ``--trustd-port``: every node's ``machine.ports`` (None: the default).
+    node_api_port: int | None = None
+    trustd_port: int | None = None
 
 
 #: The port control plane nodes listen on for WireGuard (the guide's quick start).
@@ -104,6 +107,17 @@ class ClusterPlan:
     @property
     def workers(self) -> tuple[NodePlan, ...]:
         return tuple(node for node in self.nodes if node.role == "worker")
+
+    @property
+    def node_api_port(self) -> int:
+        """Where every node's node API listens once it booted with its config."""
+        port = self.request.node_api_port
+        return config_defaults.DEFAULT_NODE_API_PORT if port is None else port
+
+    @property
+    def trustd_port(self) -> int:
+        port = self.request.trustd_port
+        return config_defaults.DEFAULT_TRUSTD_PORT if port is None else port
 
 
 def node_names(cluster: str, *, controlplanes: int, workers: int) -> list[tuple[str, state_mod.Role]]:
@@ -195,7 +209,9 @@ def plan(
         kubernetes_version=request.kubernetes_version,
         additional_sans=(network.host_ip,),
         registry_mirrors={"*": (registry_url,), **request.registry_mirrors},
-        client_endpoints=cp_ips,
+        client_endpoints=tuple(gen.node_api_endpoint(ip, request.node_api_port) for ip in cp_ips),
+        node_api_port=request.node_api_port,
+        trustd_port=request.trustd_port,
         patches=request.config_patches,
     )
     progress("generating PKI and tokens")
@@ -244,6 +260,8 @@ def plan(
                     *(shared if roles[address.name] == "controlplane" else []),
                     *([tunnels[address.name]] if address.name in tunnels else []),
                 ],
+                node_api_port=request.node_api_port,
+                trustd_port=request.trustd_port,
             ),
         )
         for address in network.nodes
@@ -357,10 +375,17 @@ def wireguard_interfaces(
 
 
 def node_config(
-    document: gen.Document, *, hostname: str, interfaces: Sequence[dict[str, object]] = ()
+    document: gen.Document,
+    *,
+    hostname: str,
+    interfaces: Sequence[dict[str, object]] = (),
+    node_api_port: int | None = None,
+    trustd_port: int | None = None,
 ) -> str:
     """The node's config: its role's document with its hostname and ``interfaces`` added to the
-    ones the patches gave, validated like the agent does."""
+    ones the patches gave, validated like the agent does. Its ``machine.ports`` must be the
+    cluster's, ``node_api_port`` and ``trustd_port`` (None: the default): the provisioner reaches
+    its nodes there, and nodes dial each other there (docs/ports.md)."""
     patch: dict[str, object] = {"hostname": hostname}
     if interfaces:
         configured = ((document.get("machine") or {}).get("network") or {}).get("interfaces") or []
@@ -371,11 +396,15 @@ def node_config(
         machine = config_mod.load(text).model.machine
     except config_mod.ConfigError as exc:
         raise PlanError(f"the machine config of node {hostname} is invalid: {exc}") from exc
-    default_ports = (config_defaults.DEFAULT_NODE_API_PORT, config_defaults.DEFAULT_TRUSTD_PORT)
-    if (machine.node_api_port, machine.trustd_port) != default_ports:
-        # The provisioner reaches its nodes' node API on the default port (docs/ports.md).
+    expected = (
+        config_defaults.DEFAULT_NODE_API_PORT if node_api_port is None else node_api_port,
+        config_defaults.DEFAULT_TRUSTD_PORT if trustd_port is None else trustd_port,
+    )
+    if (machine.node_api_port, machine.trustd_port) != expected:
         raise PlanError(
-            f"the machine config of node {hostname} sets machine.ports: local clusters keep the "
-            f"default ports ({default_ports[0]}, {default_ports[1]}); drop it from the config patches"
+            f"the machine config of node {hostname} sets machine.ports to nodeAPI {machine.node_api_port}, "
+            f"trustd {machine.trustd_port}, but the cluster's ports are {expected[0]}, {expected[1]} "
+            "(--node-api-port, --trustd-port): a local cluster moves the ports of every node with "
+            "those flags, so drop machine.ports from the config patches or give the same ports there"
         )
     return text

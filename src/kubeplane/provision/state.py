@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kubeplane import fileio
+from kubeplane.config import defaults as config_defaults
+from kubeplane.config import generate as gen
 from kubeplane.provision import hostproc
 
 #: Environment variable naming the directory that holds one directory per cluster.
@@ -153,10 +155,19 @@ class ClusterState:
     cgroups: list[str] = dataclasses.field(default_factory=list)
     #: Empty mount-point directories this cluster created on the host for its machine nodes.
     host_dirs: list[str] = dataclasses.field(default_factory=list)
+    #: Every node's ``machine.ports`` (``cluster create --node-api-port/--trustd-port``): where the
+    #: provisioner reaches a booted node's node API. States from before the flags have the defaults.
+    node_api_port: int = config_defaults.DEFAULT_NODE_API_PORT
+    trustd_port: int = config_defaults.DEFAULT_TRUSTD_PORT
 
     @property
     def path(self) -> Path:
         return self.directory / STATE_FILE
+
+    def node_api_endpoint(self, ip: str) -> str:
+        """The node API of the booted node at ``ip``: ``ip``, or ``ip:port`` when the cluster moved it
+        (a node in maintenance mode listens on the default port, whatever the cluster's)."""
+        return gen.node_api_endpoint(ip, self.node_api_port)
 
     def node(self, name: str) -> NodeState:
         for node in self.nodes:
@@ -174,6 +185,8 @@ class ClusterState:
             "dirs": dict(self.dirs),
             "cgroups": list(self.cgroups),
             "host_dirs": list(self.host_dirs),
+            "node_api_port": self.node_api_port,
+            "trustd_port": self.trustd_port,
         }
 
     @classmethod
@@ -192,6 +205,8 @@ class ClusterState:
             dirs={str(k): str(v) for k, v in data.get("dirs", {}).items()},
             cgroups=[str(x) for x in data.get("cgroups", [])],
             host_dirs=[str(x) for x in data.get("host_dirs", [])],
+            node_api_port=int(data.get("node_api_port", config_defaults.DEFAULT_NODE_API_PORT)),
+            trustd_port=int(data.get("trustd_port", config_defaults.DEFAULT_TRUSTD_PORT)),
         )
 
     def save(self) -> None:

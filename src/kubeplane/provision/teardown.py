@@ -88,24 +88,29 @@ def destroy(
     netns.destroy(cluster)
     if meta is not None and meta.client_config_path and meta.context:
         progress(f"removing context {meta.context!r} from {meta.client_config_path}")
-        _remove_context(Path(meta.client_config_path), meta.context, endpoint_ips=_cp_ips(cluster))
+        _remove_context(Path(meta.client_config_path), meta.context, endpoints=_endpoints(cluster))
     cluster.remove()
     return True
 
 
-def _cp_ips(cluster: state_mod.ClusterState) -> tuple[str, ...]:
+def _endpoints(cluster: state_mod.ClusterState) -> tuple[str, ...]:
+    """The endpoints the cluster's context has (``grow.sync_context`` writes the same)."""
     # Joined nodes only: a failed `cluster add` recorded nodes the context does not list yet.
-    return tuple(node.ip for node in cluster.nodes if node.role == "controlplane" and node.joined)
+    return tuple(
+        cluster.node_api_endpoint(node.ip)
+        for node in cluster.nodes
+        if node.role == "controlplane" and node.joined
+    )
 
 
-def _remove_context(path: Path, name: str, *, endpoint_ips: tuple[str, ...]) -> None:
+def _remove_context(path: Path, name: str, *, endpoints: tuple[str, ...]) -> None:
     try:
         config = client_config.load(path)
     except client_config.ClientConfigError:
         return
     context = config.contexts.get(name)
     # Only the context this cluster wrote: a same-named one pointing elsewhere is the user's.
-    if context is not None and context.endpoints == endpoint_ips:
+    if context is not None and context.endpoints == endpoints:
         client_config.save(client_config.remove_context(config, name), path)
 
 

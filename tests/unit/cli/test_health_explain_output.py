@@ -4,11 +4,14 @@ text and JSON, exit status 1 unless healthy, and ``-o json`` only with ``--expla
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner
 
+from kubeplane import api
+from kubeplane.cli import connect
 from kubeplane.cli import health as health_cli
 from kubeplane.cli.main import cli
 from kubeplane.ops import diagnose, health
@@ -64,3 +67,19 @@ def test_json_output_needs_explain() -> None:
     result = CliRunner().invoke(cli, ["health", "-o", "json"])
     assert result.exit_code == 2
     assert "-o json needs --explain" in result.output
+
+
+def test_the_topology_of_a_context_knows_nodes_by_address_whatever_the_endpoints_port(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Endpoints ``HOST:PORT`` (a moved node API) are control plane nodes by their address, as
+    the Node objects and pods' hostIP have them."""
+    monkeypatch.setenv("KUBEPLANE_STATE", str(tmp_path))  # no local cluster of that name
+    target = connect.Target(
+        endpoints=("10.5.0.2:51000", "10.5.0.3"),
+        nodes=("10.5.0.2", "10.5.0.3", "10.5.0.4"),
+        credentials=api.Credentials(ca=b"", cert=b"", key=b""),
+        context="elsewhere",
+    )
+    expected = health_cli.topology(target, controlplanes=(), workers=())
+    assert expected == health.Topology(controlplanes=("10.5.0.2", "10.5.0.3"), workers=("10.5.0.4",))

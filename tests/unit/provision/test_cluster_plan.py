@@ -108,7 +108,8 @@ def test_role_patches_apply_to_their_role_only(secrets: gen.SecretsBundle) -> No
         ({"kubernetes_version": "1.20"}, "1.20"),
         (
             {"worker_patches": ({"machine": {"ports": {"nodeAPI": 51000}}},)},
-            "sets machine.ports: local clusters keep the default ports (50000, 50001)",
+            "kubeplane-worker-1 sets machine.ports to nodeAPI 51000, trustd 50001, but the cluster's "
+            "ports are 50000, 50001 (--node-api-port, --trustd-port)",
         ),
     ],
 )
@@ -118,6 +119,68 @@ def test_mistakes_are_plan_errors(
     with pytest.raises(cluster.PlanError) as caught:
         _plan(secrets, **request_kwargs)
     assert message in str(caught.value)
+
+
+def test_port_flags_move_every_nodes_ports_and_the_client_endpoints(secrets: gen.SecretsBundle) -> None:
+    plan = _plan(secrets, name="demo", controlplanes=2, workers=1, node_api_port=51000, trustd_port=51001)
+    assert (plan.node_api_port, plan.trustd_port) == (51000, 51001)
+    for node in plan.nodes:
+        assert _doc(node)["machine"]["ports"] == {"nodeAPI": 51000, "trustd": 51001}, node.name
+    context = plan.client_config.contexts["demo"]
+    assert context.endpoints == ("10.5.0.2:51000", "10.5.0.3:51000")
+    assert context.nodes == ("10.5.0.2", "10.5.0.3", "10.5.0.4")  # forwarded to the nodes' own port
+    default = _plan(secrets, name="demo")
+    assert (default.node_api_port, default.trustd_port) == (50000, 50001)
+    assert all("ports" not in _doc(node)["machine"] for node in default.nodes)
+    assert default.client_config.contexts["demo"].endpoints == ("10.5.0.2",)
+
+
+def test_a_patch_may_repeat_the_port_flags_but_not_contradict_them(secrets: gen.SecretsBundle) -> None:
+    same = {"machine": {"ports": {"nodeAPI": 51000, "trustd": 51001}}}
+    plan = _plan(secrets, name="demo", node_api_port=51000, trustd_port=51001, config_patches=(same,))
+    assert all(_doc(node)["machine"]["ports"] == same["machine"]["ports"] for node in plan.nodes)
+    other = {"machine": {"ports": {"trustd": 52001}}}
+    with pytest.raises(cluster.PlanError) as caught:
+        _plan(secrets, name="demo", node_api_port=51000, trustd_port=51001, controlplane_patches=(other,))
+    assert str(caught.value).startswith(
+        "the machine config of node demo-controlplane-1 sets machine.ports to nodeAPI 51000, trustd 52001, "
+        "but the cluster's ports are 51000, 51001 (--node-api-port, --trustd-port)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("ports", "message"),
+    [
+        ((51000, 51000), "machine.ports.trustd: 51000 is also the node API's port (machine.ports.nodeAPI)"),
+        ((None, 10250), "machine.ports.trustd: 10250 is already the port of kubelet API"),
+        ((6443, None), "machine.ports.nodeAPI: 6443 is already the port of"),
+    ],
+)
+def test_port_flags_are_validated_as_gen_config_does(
+    secrets: gen.SecretsBundle, ports: tuple[int | None, int | None], message: str
+) -> None:
+    with pytest.raises(cluster.PlanError) as caught:
+        _plan(secrets, name="demo", node_api_port=ports[0], trustd_port=ports[1])
+    assert "cannot generate the machine configs" in str(caught.value) and message in str(caught.value)
+
+
+def test_the_creation_records_the_ports_and_reaches_booted_nodes_on_them(tmp_path: Path) -> None:
+    plan = planning.plan(planning.ClusterRequest(name="demo", node_api_port=51000, trustd_port=51001))
+    creation = create_mod.Creation(
+        plan,
+        toolchain_paths=None,  # type: ignore[arg-type]  # the state step needs none
+        client_config_path=tmp_path / "config",
+        state_root=tmp_path,
+    )
+    configs = next(step for step in creation.plan().steps if step.component == "configs")
+    assert "booted, the node API moves to port 51000, trustd to 51001" in configs.target
+    creation._state()
+    recorded = state.ClusterState.load("demo", root=tmp_path)
+    assert (recorded.node_api_port, recorded.trustd_port) == (51000, 51001)
+    assert recorded.node_api_endpoint("10.5.0.2") == "10.5.0.2:51000"
+    created = creation.created()
+    assert created.controlplanes == ("10.5.0.2",)  # node addresses, as health's topology has them
+    assert created.endpoints == ("10.5.0.2:51000",)
 
 
 def _forbid(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *names: str) -> None:
@@ -178,6 +241,32 @@ def test_cli_dry_run_prints_every_creation_step_and_creates_nothing(
     assert any("demo-controlplane-3 (10.5.0.4)" in line for line in lines)
     assert any("haproxy on 10.5.0.1:6443 to 3 control plane nodes" in line for line in lines)
     assert lines[-1] == "dry run: nothing was changed"
+    assert not (tmp_path / "state").exists() and not (tmp_path / "config").exists()
+
+
+def test_cli_port_flags_reach_the_plan_and_are_checked_like_gen_configs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _forbid(monkeypatch, tmp_path, "preflight")
+    ports = ["--node-api-port", "51000", "--trustd-port", "51001"]
+    result = CliRunner().invoke(cluster_cli.cluster, ["create", "--name", "demo", *ports, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "booted, the node API moves to port 51000, trustd to 51001" in result.stdout
+    for flag, value in (("--node-api-port", "0"), ("--trustd-port", "65536")):
+        refused = CliRunner().invoke(
+            cluster_cli.cluster, ["create", "--name", "demo", flag, value, "--dry-run"]
+        )
+        assert refused.exit_code == 2 and f"Invalid value for '{flag}'" in refused.output, refused.output
+    patched = CliRunner().invoke(
+        cluster_cli.cluster,
+        ["create", "--name", "demo", *ports, "--config-patch", '{"machine": {"ports": {"nodeAPI": 52000}}}'],
+    )
+    assert patched.exit_code == 1 and "(--node-api-port, --trustd-port)" in patched.output, patched.output
+    assert "nothing was created" in patched.output
+    kubeadm = CliRunner().invoke(cluster_cli.cluster, ["create", "--kubeadm", *ports, "--dry-run"])
+    assert (
+        kubeadm.exit_code == 2 and "--kubeadm takes none of --node-api-port, --trustd-port" in kubeadm.output
+    )
     assert not (tmp_path / "state").exists() and not (tmp_path / "config").exists()
 
 

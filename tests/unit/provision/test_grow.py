@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kubeplane.clients import etcd as etcd_client
 from kubeplane.config import client as client_config
-from kubeplane.provision import grow, netns, planning, state
+from kubeplane.provision import grow, netns, planning, state, teardown
 from kubeplane.provision.cluster import ClusterMeta, PlanError
 
 pytestmark = pytest.mark.unit
@@ -209,6 +210,37 @@ def test_removing_an_unknown_node_is_refused_listing_the_nodes(running: state.Cl
         PlanError, match="has no node e2e1-controlplane-9; its nodes are e2e1-controlplane-1, e2e1-worker-1"
     ):
         grow.Shrink(running, ["e2e1-controlplane-9"])
+
+
+def test_a_cluster_with_moved_ports_is_reached_and_listed_on_them(running: state.ClusterState) -> None:
+    """`cluster add`/`remove` reach the booted nodes on the cluster's node API port, rewrite the
+    context's endpoints with it, and destroy still recognises that context as the cluster's."""
+    running.node_api_port, running.trustd_port = 51000, 51001
+    access = grow.cluster_access(running)
+    assert access.node_api_endpoint("10.5.21.3") == "10.5.21.3:51000"
+    assert access.endpoints == ("10.5.21.2:51000",) and access.controlplanes == ("10.5.21.2",)
+    running.nodes.append(_node("e2e1-controlplane-2", "controlplane", 3))
+    grow.sync_context(running)
+    path = Path(ClusterMeta.load(running.directory).client_config_path)  # type: ignore[union-attr]
+    context = client_config.load(path).contexts["e2e1"]
+    assert context.endpoints == ("10.5.21.2:51000", "10.5.21.4:51000")
+    assert context.nodes == ("10.5.21.2", "10.5.21.3", "10.5.21.4")
+    teardown._remove_context(path, "e2e1", endpoints=teardown._endpoints(running))
+    assert "e2e1" not in client_config.load(path).contexts
+
+
+def test_a_new_nodes_config_must_carry_the_clusters_ports(running: state.ClusterState) -> None:
+    """The running config a new node copies has the cluster's ports; another value is refused."""
+    moved = planning.plan(
+        planning.ClusterRequest(name="e2e1", cidr=CIDR, node_api_port=51000, trustd_port=51001)
+    )
+    document = yaml.safe_load(moved.workers[0].config)
+    text = planning.node_config(document, hostname="e2e1-worker-2", node_api_port=51000, trustd_port=51001)
+    assert yaml.safe_load(text)["machine"]["ports"] == {"nodeAPI": 51000, "trustd": 51001}
+    with pytest.raises(
+        PlanError, match=r"sets machine.ports to nodeAPI 51000, trustd 51001, but the cluster's ports"
+    ):
+        planning.node_config(document, hostname="e2e1-worker-2")
 
 
 def test_new_nodes_never_take_the_vips_address() -> None:

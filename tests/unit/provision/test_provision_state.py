@@ -61,6 +61,22 @@ def test_round_trip_keeps_everything(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.joinpath("demo").iterdir()] == [state.STATE_FILE]
 
 
+def test_the_ports_round_trip_and_old_states_have_the_defaults(tmp_path: Path) -> None:
+    cluster = state.ClusterState.open("demo", root=tmp_path)
+    assert (cluster.node_api_port, cluster.trustd_port) == (50000, 50001)
+    assert cluster.node_api_endpoint("10.5.0.2") == "10.5.0.2"  # the default port: a bare address
+    cluster.node_api_port, cluster.trustd_port = 51000, 51001
+    cluster.save()
+    loaded = state.ClusterState.load("demo", root=tmp_path)
+    assert loaded == cluster and (loaded.node_api_port, loaded.trustd_port) == (51000, 51001)
+    assert loaded.node_api_endpoint("10.5.0.2") == "10.5.0.2:51000"
+    old = json.loads(cluster.path.read_text())
+    del old["node_api_port"], old["trustd_port"]
+    cluster.path.write_text(json.dumps(old))
+    older = state.ClusterState.load("demo", root=tmp_path)
+    assert (older.node_api_port, older.trustd_port) == (50000, 50001)
+
+
 def test_open_creates_an_empty_state_once(tmp_path: Path) -> None:
     first = state.ClusterState.open("demo", root=tmp_path)
     first.dirs["x"] = "y"
