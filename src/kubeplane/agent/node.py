@@ -84,6 +84,9 @@ _ACT_AFTER = 0.2
 #: finish, idle client connections are closed) before its services stop as in a reboot, which
 #: kills what is left; the rest of that shutdown is waiting for long-running watches.
 APISERVER_STOP_TIMEOUT = 10.0
+#: How long an ``--immediate`` endpoint change waits for the restarted kubelet to be healthy before
+#: the static pods change (then they change anyway).
+KUBELET_RESTART_WAIT = 30.0
 #: How long a halting control plane node spends handing its etcd leadership over (then etcd does
 #: it as it stops), and of that how long it waits for another node to take the VIPs it gave up.
 HALT_HANDOVER_TIMEOUT = 5.0
@@ -618,20 +621,27 @@ class Node:
                     self._publish_current(old)  # staging ends the trial: the saved config runs
                 result["message"] = "config staged; it takes effect at the next reboot"
             elif mode == "immediate":
+                endpoint_changed = (
+                    old.model.cluster.control_plane.endpoint != new.model.cluster.control_plane.endpoint
+                )
+                retarget = self._certificate_wait is None and endpoint_changed and self.services is not None
+                if retarget and self.services is not None:
+                    # The kubelet's kubeconfig names the endpoint: it is rewritten as the kubelet
+                    # restarts (its containers keep running). First, and waited for, before the
+                    # controllers see the new config and re-render the static pods: a kubelet that
+                    # restarts while it replaces a static pod kills the old container at once
+                    # (SIGTERM, then SIGKILL a few milliseconds later) instead of granting its
+                    # grace period, and a kube-apiserver killed so drops its clients' connections
+                    # without the GOAWAY (HTTP/2) or the idle-connection closes of its shutdown.
+                    await self.services.reconfigure_kubelet(new, wait=KUBELET_RESTART_WAIT)
                 await self._save(new, then=functools.partial(self._publish_current, new))
                 if self.services is not None:
                     # What runs now keeps running; a service started again later (a kubelet
                     # restart) starts from the saved config, not the one the node booted with.
                     self.services.document = new
                 result["message"] = "config applied immediately"
-                endpoint_changed = (
-                    old.model.cluster.control_plane.endpoint != new.model.cluster.control_plane.endpoint
-                )
-                if self._certificate_wait is None and endpoint_changed and self.services is not None:
-                    # The kubelet's kubeconfig names the endpoint: it is rewritten as the
-                    # kubelet restarts (its containers keep running).
-                    await self.services.reconfigure_kubelet(new)
-                    result["message"] += "; the kubelet restarts to reach the new endpoint"
+                if retarget:
+                    result["message"] += "; the kubelet restarted to reach the new endpoint"
                 if self._certificate_wait is not None:
                     # The boot has not finished: it retries now with the new config, and the
                     # kubelet restarts with it (its bootstrap kubeconfig names the endpoint).

@@ -346,13 +346,20 @@ class NodeServices:
         if self.control_plane:
             self._labeler = asyncio.create_task(self._label_node(), name="label control plane node")
 
-    async def reconfigure_kubelet(self, document: config.MachineConfig) -> None:
-        """Restart the kubelet alone with ``document`` (a change under ``machine.kubelet``).
+    async def reconfigure_kubelet(self, document: config.MachineConfig, *, wait: float = 0.0) -> None:
+        """Restart the kubelet alone with ``document`` (a change under ``machine.kubelet``, or the
+        endpoint its kubeconfig names); with ``wait``, until it is up and healthy, at most that
+        many seconds (a kubelet still unhealthy then is logged and left to its supervisor).
 
         Its containers keep running: a kubelet restart adopts them, as on any machine.
         """
         self.document = document
         await self.supervisor.restart(KUBELET)
+        if wait:
+            try:
+                await self.supervisor.wait_up(KUBELET, timeout=wait)
+            except supervisor.ServiceTimeoutError as exc:
+                log.warning("the restarted kubelet is not healthy yet: %s", exc)
 
     async def stop(self) -> None:
         """Stop everything the services started, kubelet first, and leave no container behind."""
