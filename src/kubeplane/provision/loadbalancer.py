@@ -4,8 +4,10 @@
 ``:6443``, health-checked the way the HA guide recommends: an HTTPS ``GET /readyz`` expecting
 200 (``check check-ssl verify none inter 1s fall 2 rise 1``), so a node whose API server is not
 ready leaves the rotation within two seconds and returns after one good check. Within those two
-seconds a connection the node refuses is redispatched to another node (``retries 3``, ``option
-redispatch``), so a node that stops does not fail new connections.
+seconds a connection the node refuses, or that it does not answer within a second (a machine
+that is gone drops the SYN), is retried on another node (``retries 3``, ``option redispatch 1``,
+``timeout connect 1s``: every retry goes to another server, where a plain ``option redispatch``
+tries the dead one until its last retry), so a node that stops does not fail new connections.
 
 How haproxy runs (and why): in the foreground in master-worker mode (``haproxy -W -db -f CFG
 -p PIDFILE``), started by :mod:`~kubeplane.provision.hostproc` in its own session. The master
@@ -120,17 +122,20 @@ defaults
     option tcplog
     option dontlognull
     load-server-state-from-file global
-    timeout connect 5s
+    # A node on the cluster network connects in well under a millisecond; one that does not
+    # within a second is gone, and the retry goes elsewhere (option redispatch 1).
+    timeout connect 1s
     # API watches are long-lived; clients re-establish them, so one hour is plenty.
     timeout client 1h
     timeout server 1h
     timeout tunnel 1h
     timeout check 2s
     default-server inter 1s fall 2 rise 1
-    # A connection refused by a node that just went down (before two checks failed) is retried
-    # once more on another node instead of reaching the client as a failure.
+    # A connection refused by a node that just went down (before two checks failed), or not
+    # answered by a machine that is gone, is retried on another node (each retry, not only the
+    # last) instead of reaching the client as a failure.
     retries 3
-    option redispatch
+    option redispatch 1
 
 frontend {FRONTEND}
     bind {bind_address}:{port}
