@@ -13,8 +13,9 @@ connection on the next try). Per round:
 the new owner's delay (loss → the first 50 ms sample of the nodes' interfaces in which another
 node holds the VIP) and the API gap: the longest time between two answered requests around the
 loss, i.e. the last answer served by the old owner to the first answered through the new one.
-p50 and max per kind, and failed requests. bench/bench_vip.py times the election alone (three
-processes on a real etcd, without the API).
+p50 and max per kind, failed requests, and in how many rounds the lost owner also led etcd (a
+power cut of the etcd leader costs an etcd election first). bench/bench_vip.py times the election
+alone (three processes on a real etcd, without the API).
 
 Anchors: kube-vip about 3 s, keepalived 3-4 s at its default advert interval, the original up to
 60 s (its etcd session TTL); targets: graceful under 1 s, ungraceful under 3 s.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import statistics
 import subprocess
@@ -107,13 +109,30 @@ def wait_for(what: str, check: object, *, timeout: float, period: float = 0.05) 
     raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def etcd_leader(cluster: state.ClusterState, env: dict[str, str]) -> str:
+    """The name of the member leading etcd, as the first answering control plane node sees it."""
+    for node in cluster.nodes:
+        listed = subprocess.run(
+            [KUBEPLANE, "--context", NAME, "-n", node.ip, "etcd", "members", "-o", "json"],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if listed.returncode == 0:
+            members = [json.loads(line) for line in listed.stdout.splitlines() if line.strip()]
+            return next((str(m["name"]) for m in members if m.get("leader")), "")
+    return ""
+
+
 def lose_owner(
     kind: str, *, root: Path, cluster: state.ClusterState, vip: str, poller: Poller, env: dict[str, str]
-) -> tuple[float, float, int]:
+) -> tuple[float, float, int, bool]:
     """Lose the VIP's owner (``graceful`` or ``ungraceful``), then start it again and wait for the
-    cluster's health: (seconds to a new owner, API gap, failed requests)."""
+    cluster's health: (seconds to a new owner, API gap, failed requests, whether the owner led etcd)."""
     wait_for("one owner of the VIP", lambda: len(holders(cluster, vip)) == 1, timeout=120)
     (owner,) = holders(cluster, vip)
+    led = etcd_leader(cluster, env) == owner
     lost = state.ClusterState.load(NAME, root=root).node(owner)
     failed_before = len(poller.failed)
     stopping = None
@@ -126,7 +145,7 @@ def lose_owner(
     moved = wait_for("another owner", lambda: [h for h in holders(cluster, vip) if h != owner], timeout=60)
     wait_for("an answer through the new owner", lambda: poller.answered[-1:] > [moved], timeout=60)
     time.sleep(2.5)  # requests sent to the old owner time out within 2 s
-    result = (moved - lost_at, poller.gap(lost_at - 1.0, moved), len(poller.failed) - failed_before)
+    result = (moved - lost_at, poller.gap(lost_at - 1.0, moved), len(poller.failed) - failed_before, led)
     if stopping is not None:
         stopping.join(timeout=120)
     create.power_on(state.ClusterState.load(NAME, root=root), owner)
@@ -155,7 +174,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-vip-api-"))
     root = work / "state"
     env = {"KUBEPLANE_STATE": str(root), "KUBEPLANECONFIG": str(work / "config")}
-    figures: dict[str, list[tuple[float, float, int]]] = {"graceful": [], "ungraceful": []}
+    figures: dict[str, list[tuple[float, float, int, bool]]] = {"graceful": [], "ungraceful": []}
     try:
         seconds, _, _ = run(
             env, "cluster", "create", "--name", NAME, "--cidr", options.cidr,
@@ -168,10 +187,10 @@ def main() -> None:
                 kind = ("graceful", "ungraceful")[index % 2]
                 row = lose_owner(kind, root=root, cluster=cluster, vip=vip, poller=poller, env=env)
                 figures[kind].append(row)
-                moved, gap, failures = row
+                moved, gap, failures, led = row
                 print(
                     f"  {index + 1:2d} {kind:10s}: new owner after {moved:.2f}s, API gap {gap:.2f}s, "
-                    f"{failures} failed requests",
+                    f"{failures} failed requests{', the owner led etcd' if led else ''}",
                     flush=True,
                 )
             requests = len(poller.answered) + len(poller.failed)
@@ -180,7 +199,8 @@ def main() -> None:
             print(
                 f"{kind} ({len(rows)}): new owner {summary([r[0] for r in rows])}; "
                 f"API gap {summary([r[1] for r in rows])}; "
-                f"failed requests per loss: max {max((r[2] for r in rows), default=0)}"
+                f"failed requests per loss: max {max((r[2] for r in rows), default=0)}; "
+                f"the owner led etcd in {sum(r[3] for r in rows)}"
             )
     finally:
         clean_up(env, [NAME], work)
