@@ -14,6 +14,7 @@ that nothing is left: no namespace, link, mount, cgroup, process or state of it.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import shutil
 import subprocess
@@ -179,6 +180,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 SESSION_PREFIX = "kpe2e-"
+#: Under /tmp: held while dead sessions are reaped (see :func:`reap_stale_sessions`).
+REAPER_LOCK = ".kpe2e-reaper.lock"
 #: The pytest process that owns a session directory: its PID and start time (PIDs are reused).
 OWNER_FILE = "owner"
 
@@ -209,18 +212,24 @@ def _session_is_live(base: Path) -> bool:
 def reap_stale_sessions(tmp: Path) -> list[str]:
     """Destroy the clusters of earlier e2e sessions whose pytest is gone (killed, or the machine's
     session ended mid-run): their bridges, namespaces and host routes would otherwise collide
-    with this session's clusters of the same names. Live sessions are left alone."""
+    with this session's clusters of the same names. Live sessions are left alone.
+
+    The two halves of the e2e run start at the same moment and would both destroy the same dead
+    session's clusters: one at a time (an exclusive lock), so the second finds them gone.
+    """
     reaped = []
-    for base in sorted(tmp.glob(f"{SESSION_PREFIX}*")):
-        if not base.is_dir() or _session_is_live(base):
-            continue
-        root = base / "s"
-        for name in cluster_mod.list_clusters(state_root=root) if root.is_dir() else []:
-            result = run_kubeplane(_session_env(base), "cluster", "destroy", "--name", name)
-            if result.returncode != 0:
-                pytest.fail(f"cannot destroy stale e2e cluster {name} of {base}:\n{result.stderr}")
-            reaped.append(f"{base.name}/{name}")
-        shutil.rmtree(base, ignore_errors=True)
+    with (tmp / REAPER_LOCK).open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for base in sorted(tmp.glob(f"{SESSION_PREFIX}*")):
+            if not base.is_dir() or _session_is_live(base):
+                continue
+            root = base / "s"
+            for name in cluster_mod.list_clusters(state_root=root) if root.is_dir() else []:
+                result = run_kubeplane(_session_env(base), "cluster", "destroy", "--name", name)
+                if result.returncode != 0:
+                    pytest.fail(f"cannot destroy stale e2e cluster {name} of {base}:\n{result.stderr}")
+                reaped.append(f"{base.name}/{name}")
+            shutil.rmtree(base, ignore_errors=True)
     return reaped
 
 
