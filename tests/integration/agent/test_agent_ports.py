@@ -56,7 +56,7 @@ def test_node_api_and_trustd_on_configured_ports(cluster: Cluster, tmp_path: Pat
     # The client config's endpoint carries the port: no -e needed.
     document = wait_for(
         lambda: booted(cluster, admin),
-        timeout=30,
+        timeout=90,
         what=f"{controlplane.address}:{NODE_API_PORT} to serve the node API",
         logs=cluster.logs,
     )
@@ -74,7 +74,7 @@ def test_node_api_and_trustd_on_configured_ports(cluster: Cluster, tmp_path: Pat
     apply_insecure(cluster, worker, out / "worker.yaml")
     proxied = wait_for(
         lambda: booted(cluster, admin, "-n", worker.address),
-        timeout=30,
+        timeout=90,
         what=f"{worker.address} to boot and answer through {controlplane.address}",
         logs=cluster.logs,
     )
@@ -109,7 +109,7 @@ def test_changing_the_ports_moves_the_listeners_at_the_reboot(cluster: Cluster, 
     )  # fmt: skip
     admin = out / "kubeplaneconfig"
     apply_insecure(cluster, agent, out / "controlplane.yaml")
-    wait_for(lambda: booted(cluster, admin), timeout=30, what="the node to boot", logs=cluster.logs)
+    wait_for(lambda: booted(cluster, admin), timeout=90, what="the node to boot", logs=cluster.logs)
     assert port_open(agent.address, 50001)  # trustd's default: only the node API moved
 
     moved = '{"machine": {"ports": {"nodeAPI": 51010, "trustd": 51011}}}'
@@ -121,7 +121,7 @@ def test_changing_the_ports_moves_the_listeners_at_the_reboot(cluster: Cluster, 
     cluster.kp("patch", "mc", "-p", moved, config=admin)
     wait_for(
         lambda: booted(cluster, admin, "-e", f"{agent.address}:51010"),
-        timeout=30,
+        timeout=90,
         what="the node API on 51010 after the reboot",
         logs=cluster.logs,
     )
