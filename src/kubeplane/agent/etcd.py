@@ -50,7 +50,7 @@ from typing import Any
 
 import httpx
 
-from kubeplane import config, metrics, pki
+from kubeplane import config, metrics, pki, retry
 from kubeplane.api import trustd
 from kubeplane.clients import errors as client_errors
 from kubeplane.clients import etcd as etcd_client
@@ -100,6 +100,10 @@ def _file_stamp(path: Path) -> tuple[int, int, int]:
     """What tells a replaced file apart: inode, size and modification time (ns)."""
     status = path.stat()
     return status.st_ino, status.st_size, status.st_mtime_ns
+
+
+#: How long leaving etcd retries a removal etcd refuses for now (see :meth:`EtcdMember.remove_self`).
+MEMBER_REMOVE_TIMEOUT = 15.0
 
 
 async def vip_holders(
@@ -450,7 +454,23 @@ class EtcdMember:
         others = [url for m in members if m.id != member_id for url in m.client_urls[:1]]
         # Ask another member: the leaving one may be the leader and must not remove itself mid-answer.
         async with self.client(others or None) as client:
-            await client.member_remove(member_id)
+
+            async def remove() -> bool:
+                # NotFound: an earlier attempt removed it and its answer was lost.
+                with contextlib.suppress(client_errors.EtcdNotFound):
+                    await client.member_remove(member_id)
+                return True
+
+            # etcd answers "unhealthy cluster" (UNAVAILABLE) while a member that just came back
+            # has been connected to the leader for less than its health interval (5 s), although
+            # the quorum check above counted it: a moment later the removal goes through.
+            await retry.Wait(
+                what=f"etcd to remove member {member_id:x}",
+                timeout=MEMBER_REMOVE_TIMEOUT,
+                backoff=retry.fixed(0.5),
+                retry_on=(client_errors.EtcdUnavailable,),
+                error=client_errors.EtcdUnavailable,
+            ).poll_async(remove)
 
     def wipe(self) -> None:
         shutil.rmtree(self.paths.etcd_data, ignore_errors=True)
