@@ -111,13 +111,20 @@ async def vip_holders(
 ) -> set[str]:
     """The nodes other than ``me`` holding a shared VIP, after waiting up to ``wait`` seconds for
     every key in ``released`` (VIPs ``me`` just gave up) to be held by another node."""
-    deadline = time.monotonic() + wait
-    while True:
+    held: dict[bytes, str] = {}
+
+    async def taken() -> bool:
+        nonlocal held
         found = await client.get(vip.KEY_PREFIX, prefix=True)
         held = {kv.key: kv.value.decode(errors="replace") for kv in found.kvs}
-        if all(held.get(key, me) != me for key in released) or time.monotonic() >= deadline:
-            return set(held.values()) - {me}
-        await asyncio.sleep(0.05)
+        return all(held.get(key, me) != me for key in released)
+
+    # Past the wait, the holders known by then do: nobody may have taken a VIP yet.
+    with contextlib.suppress(retry.WaitTimeout):
+        await retry.Wait(
+            what="another node to take the VIPs given up", timeout=wait, backoff=retry.fixed(0.05)
+        ).poll_async(taken)
+    return set(held.values()) - {me}
 
 
 class EtcdMember:
