@@ -236,7 +236,7 @@ def sync_context(cluster: state_mod.ClusterState) -> None:
     joined = [node for node in cluster.nodes if node.joined]
     updated = dataclasses.replace(
         context,
-        endpoints=tuple(cluster.node_api_endpoint(node.ip) for node in joined if node.role == "controlplane"),
+        endpoints=cluster.context_endpoints(),
         nodes=tuple(node.ip for node in joined),
     )
     client_config.save(dataclasses.replace(config, contexts={**config.contexts, meta.context: updated}), path)

@@ -169,6 +169,15 @@ class ClusterState:
         (a node in maintenance mode listens on the default port, whatever the cluster's)."""
         return gen.node_api_endpoint(ip, self.node_api_port)
 
+    def context_endpoints(self) -> tuple[str, ...]:
+        """The node API endpoints of the cluster's client config context: its joined control
+        plane nodes (a failed ``cluster add`` recorded nodes the context does not list yet)."""
+        return tuple(
+            self.node_api_endpoint(node.ip)
+            for node in self.nodes
+            if node.role == "controlplane" and node.joined
+        )
+
     def node(self, name: str) -> NodeState:
         for node in self.nodes:
             if node.name == name:

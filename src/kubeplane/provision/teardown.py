@@ -88,19 +88,9 @@ def destroy(
     netns.destroy(cluster)
     if meta is not None and meta.client_config_path and meta.context:
         progress(f"removing context {meta.context!r} from {meta.client_config_path}")
-        _remove_context(Path(meta.client_config_path), meta.context, endpoints=_endpoints(cluster))
+        _remove_context(Path(meta.client_config_path), meta.context, endpoints=cluster.context_endpoints())
     cluster.remove()
     return True
-
-
-def _endpoints(cluster: state_mod.ClusterState) -> tuple[str, ...]:
-    """The endpoints the cluster's context has (``grow.sync_context`` writes the same)."""
-    # Joined nodes only: a failed `cluster add` recorded nodes the context does not list yet.
-    return tuple(
-        cluster.node_api_endpoint(node.ip)
-        for node in cluster.nodes
-        if node.role == "controlplane" and node.joined
-    )
 
 
 def _remove_context(path: Path, name: str, *, endpoints: tuple[str, ...]) -> None:

@@ -225,7 +225,7 @@ def test_a_cluster_with_moved_ports_is_reached_and_listed_on_them(running: state
     context = client_config.load(path).contexts["e2e1"]
     assert context.endpoints == ("10.5.21.2:51000", "10.5.21.4:51000")
     assert context.nodes == ("10.5.21.2", "10.5.21.3", "10.5.21.4")
-    teardown._remove_context(path, "e2e1", endpoints=teardown._endpoints(running))
+    teardown._remove_context(path, "e2e1", endpoints=running.context_endpoints())
     assert "e2e1" not in client_config.load(path).contexts
 
 
