@@ -286,21 +286,33 @@ def node_pulls(log: Path, cluster: E2ECluster) -> set[str]:
 WARM: dict[str, bool] = {}
 
 
+def cache_mirrors(spec: tuple[str, str, str], caches: dict[str, tuple[int, Path]]) -> list[str]:
+    """``--registry-mirror HOST=URL`` values pointing each cached host at its cache, reached from
+    the cluster ``spec``'s bridge address."""
+    _, _, bridge = spec
+    return [f"{host}=http://{bridge}:{port}" for host, (port, _) in caches.items()]
+
+
+def assert_pulled_through_caches(
+    images: list[str], caches: dict[str, tuple[int, Path]], cluster: E2ECluster
+) -> None:
+    """``cluster``'s nodes pulled each cached host's images through its cache ("this can be
+    verified via registry logs"), and the cluster's own registry (its mirror for every other host)
+    served nothing."""
+    for host, (_, log) in caches.items():
+        assert repositories(images, host) <= node_pulls(log, cluster), log.read_text()[-3000:]
+    assert node_pulls(cluster.registry_log, cluster) == set()
+
+
 def test_pull_through_caches_serve_the_first_cluster(
     e2e_env: dict[str, str], upstream: registry.Registry, caches: dict[str, tuple[int, Path]]
 ) -> None:
     images = local_images(e2e_env)
-    _, _, bridge = CACHE_CLUSTER
-    mirrors = [f"{host}=http://{bridge}:{port}" for host, (port, _) in caches.items()]
-    with local_cluster(e2e_env, CACHE_CLUSTER, *mirrors) as cluster:
-        for host, (_, log) in caches.items():
-            # "This can be verified via registry logs": the node pulled each of that host's images
-            # through its cache, and the cache fetched them from the upstream.
-            assert repositories(images, host) <= node_pulls(log, cluster), log.read_text()[-3000:]
+    with local_cluster(e2e_env, CACHE_CLUSTER, *cache_mirrors(CACHE_CLUSTER, caches)) as cluster:
+        assert_pulled_through_caches(images, caches, cluster)
+        # The caches fetched them from the upstream.
         fetched = {p.repository for p in registry.pulls(upstream.log) if p.client == LOOPBACK}
         assert repositories(images) <= fetched, upstream.log.read_text()[-3000:]
-        # The cluster's own registry (its mirror for every other host) served nothing.
-        assert node_pulls(cluster.registry_log, cluster) == set()
     WARM["caches"] = True
 
 
@@ -318,13 +330,9 @@ def test_a_second_cluster_boots_from_the_warm_caches_with_the_upstream_stopped(
     internet_gone(upstream)
     fetched_before = len(registry.pulls(upstream.log))
     images = local_images(e2e_env)
-    _, _, bridge = WARM_CACHE_CLUSTER
-    mirrors = [f"{host}=http://{bridge}:{port}" for host, (port, _) in caches.items()]
     # ``cluster create`` returns once the cluster is healthy: every image was pulled.
-    with local_cluster(e2e_env, WARM_CACHE_CLUSTER, *mirrors) as cluster:
-        for host, (_, log) in caches.items():
-            assert repositories(images, host) <= node_pulls(log, cluster), log.read_text()[-3000:]
-        assert node_pulls(cluster.registry_log, cluster) == set()
+    with local_cluster(e2e_env, WARM_CACHE_CLUSTER, *cache_mirrors(WARM_CACHE_CLUSTER, caches)) as cluster:
+        assert_pulled_through_caches(images, caches, cluster)
     # Nothing reached the upstream (it is stopped: its log did not grow).
     assert len(registry.pulls(upstream.log)) == fetched_before
 
