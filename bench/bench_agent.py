@@ -15,7 +15,7 @@ with a generated control plane config, API-only (``kubeplaned --no-services``). 
 (d) idle RSS of kubeplaned (VmRSS from /proc, with its anonymous and file-backed parts) a few
     idle seconds after it starts (maintenance mode: no config yet) and after it booted.
 
-Run: .venv/bin/python bench/bench_agent.py
+Run: .venv/bin/python bench/bench_agent.py [--rss-only]   (``--rss-only``: (d) alone)
 """
 
 from __future__ import annotations
@@ -223,6 +223,8 @@ def main() -> None:
                 time.sleep(0.2)
             time.sleep(3)
             print(f"(d) idle kubeplaned RSS, booted (API only): {memory(agent.pid)}")
+            if "--rss-only" in sys.argv[1:]:
+                return
             asyncio.run(measure(address, credentials, base, config_path))
             print(f"(d) kubeplaned RSS after the benchmark: {memory(agent.pid)}")
         finally:

@@ -8,6 +8,7 @@ through it every 100 ms, then destroys the cluster. Prints:
   waiting:``): static pods rendered, checkpointer pods gone, checkpointer grace (pod checkpoints
   expiring: the reference waits ≈ 5 minutes here, its grace period), static pods appearing,
   DaemonSet hand-over;
+- each step's duration, from the CLI's progress lines;
 - API unavailability through the endpoint: failed requests, the longest time without a
   successful request and the total time without one (gaps longer than 1 s summed).
 
@@ -36,8 +37,21 @@ from kubernetes import config as k8s_config
 
 KUBEPLANE = str(Path(sys.executable).with_name("kubeplane"))
 WAITS = re.compile(r"^time spent waiting: (?P<waits>.*)$")
+STEP = re.compile(r"^\[\d+/\d+\] (?P<step>.*)$")
+DONE = re.compile(r"^ < (?:done|already at target, skipped) \((?P<seconds>[0-9.]+)s\)")
 #: A gap between successful requests longer than this counts as unavailability.
 GAP = 1.0
+
+
+def step_durations(progress: str) -> list[tuple[str, float]]:
+    """(step, seconds) of each step the CLI's progress lines (one per event) report done."""
+    found, step = [], ""
+    for line in progress.splitlines():
+        if started := STEP.match(line):
+            step = started["step"]
+        elif (done := DONE.match(line)) and step:
+            found.append((step, float(done["seconds"])))
+    return found
 
 
 def kubeplane(env: dict[str, str], *args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
@@ -59,6 +73,7 @@ class Poller:
         self.stop = threading.Event()
         self.requests = 0
         self.failed = 0
+        self.failures: list[str] = []
         self.gaps: list[float] = []
         self.thread = threading.Thread(target=self.loop, daemon=True)
 
@@ -72,8 +87,9 @@ class Poller:
                 if now - last_ok > GAP:
                     self.gaps.append(now - last_ok)
                 last_ok = now
-            except Exception:
+            except Exception as exc:
                 self.failed += 1
+                self.failures.append(f"{time.strftime('%H:%M:%S')} {type(exc).__name__}: {str(exc)[:200]}")
             self.stop.wait(0.1)
         if time.monotonic() - last_ok > GAP:
             self.gaps.append(time.monotonic() - last_ok)
@@ -116,11 +132,16 @@ def main() -> int:
             print(f"convert-k8s total: {seconds:.0f}s (checkpointer grace period {args.grace}s)")
             for wait in waits.split(", "):
                 print(f"  {wait}")
+            print("steps (the CLI's progress lines):")
+            for step, took in step_durations(result.stderr):
+                print(f"  {took:5.1f}s  {step}")
             print(
                 f"API through the endpoint: {poller.requests} requests, {poller.failed} failed, "
                 f"longest gap {max(poller.gaps, default=0.0):.1f}s, "
                 f"unavailable {sum(poller.gaps):.1f}s in {len(poller.gaps)} gap(s) > {GAP:g}s"
             )
+            for failure in poller.failures:
+                print(f"  failed: {failure}")
         finally:
             kubeplane(env, "cluster", "destroy", "--name", args.name)
     return 0

@@ -10,10 +10,13 @@ in order and each starts where the previous one left the cluster:
 3. an interactive run through a pseudo-terminal answered ``no`` at the first prompt reuses the
    CA patched in by hand, aborts and leaves the control plane self-hosted and healthy;
 4. ``convert-k8s --force`` SIGKILLed at each phase (after the config patch, after the
-   checkpointer deletion, after the key removal, between two DaemonSet deletions), then re-run
-   to completion, while a client polls the API through the endpoint (failed requests and the
-   longest gap between successful ones are printed: the API server changes hands, so some
-   requests fail, as with the reference);
+   checkpointer deletion, after the key removal, between the kube-controller-manager and
+   kube-scheduler DaemonSet deletions that precede it in a run's first pass), then re-run
+   to completion, while a client polls the API through the endpoint: kube-apiserver is handed
+   over node by node out of the load balancer's rotation, so no request fails (the reference
+   replaces every API server at once). Over HTTP/2 (as kubectl and client-go talk) nothing may
+   fail; over HTTP/1.1 the one allowance is ``upgrade-k8s``'s, a kept-alive connection a
+   stopping API server closes as a request goes out, at most one per node;
 5. the final state: not self-hosted, the static pods Ready, DaemonSets and checkpoints gone, the
    workload still running the same pod, ``health`` passes.
 """
@@ -32,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from e2e_clients import KUBEPLANE, ApiPoller, Run, api_client, run_cli
+from e2e_clients import KUBEPLANE, ApiPoller, Http2Poller, Run, api_client, run_cli
 from kubernetes import client as k8s_client
 
 if TYPE_CHECKING:
@@ -194,7 +197,9 @@ def test_dry_run_prints_the_plan_and_changes_nothing(cluster_selfhosted: E2EClus
     assert "convert-k8s (self-hosted: true)" in result.stdout
     for ip in cluster.control_plane:
         assert f"patch machine config on node {ip}: self-hosted -> " in result.stdout
-    for component in COMPONENTS:
+    for ip in cluster.control_plane:  # the API servers, node by node behind the load balancer
+        assert f"hand over kube-apiserver on node {ip}: DaemonSet pod -> static pod" in result.stdout
+    for component in COMPONENTS[1:]:
         assert f"replace {component} cluster-wide: DaemonSet -> static pods on " in result.stdout
     assert result.stdout.rstrip().endswith("dry run: nothing was changed")
     # Nothing moved: still self-hosted, the same machine config, and no operation Lease taken.
@@ -311,7 +316,10 @@ def test_interactive_no_at_first_prompt_keeps_it_self_hosted(cluster_selfhosted:
 def test_killed_at_each_phase_then_rerun_completes(cluster_selfhosted: E2ECluster) -> None:
     cluster = cluster_selfhosted
     runs: list[tuple[str, Run]] = []
-    with ApiPoller(cluster.kubeconfig, interval=0.2) as poller:
+    with (
+        ApiPoller(cluster.kubeconfig, interval=0.2) as poller,
+        Http2Poller(cluster.kubeconfig, interval=0.2) as h2,
+    ):
         for phase, line in KILL_POINTS.items():
             run = run_cli(
                 cluster.env, *convert_args(cluster, "--force"), kill_when=_last_line_starts(line), echo=True
@@ -327,12 +335,33 @@ def test_killed_at_each_phase_then_rerun_completes(cluster_selfhosted: E2ECluste
     for phase, run in runs:
         print(f"run killed {phase}: {run.seconds:.0f}s, last line: {run.lines[-1]}")
     print(
-        f"API requests through the endpoint: {poller.requests}, failed: {len(poller.failures)}, "
+        f"API requests through the endpoint: {poller.requests}, failed: {len(poller.failures)} "
+        f"(keep-alive connection closed by a stopping API server: {len(poller.closed)}), "
         f"longest gap without a successful request: {poller.longest_gap:.1f}s"
     )
-    for failure in poller.failures:
+    print(
+        f"over HTTP/2: {h2.requests}, failed: {len(h2.failures)}, sent again after a GOAWAY: "
+        f"{len(h2.retried)}, longest gap: {h2.longest_gap:.1f}s"
+    )
+    for failure in [*poller.failures, *h2.failures, *h2.retried]:
         print(f"  {failure}")
     assert final.returncode == 0, "\n".join(final.lines)
+    # Every control plane node left the rotation for its hand-over (in whichever run reached it).
+    drained = {
+        line.split("taking node ", 1)[1].split()[0]
+        for _, run in runs
+        for line in run.lines
+        if "out of the load balancer rotation" in line and "taking node " in line
+    }
+    assert len(drained) == len(cluster.control_plane), [line for _, run in runs for line in run.lines]
+    others = [failure for failure in poller.failures if failure not in poller.closed]
+    assert others == [], f"{len(poller.failures)} of {poller.requests} API requests failed"
+    assert len(poller.closed) <= len(cluster.control_plane), poller.closed
+    # As kubectl and client-go talk (HTTP/2; a GET a GOAWAY left unanswered is sent again, at most
+    # once per API server stop): no failure.
+    assert h2.failures == [], f"{len(h2.failures)} of {h2.requests} HTTP/2 requests failed"
+    assert set(h2.versions) == {"HTTP/2"}, h2.versions
+    assert len(h2.retried) <= len(cluster.control_plane), h2.retried
     assert "conversion process completed successfully" in final.lines
     # The aggregator CA patched in by hand is reused by every run.
     assert not any("generating new CA" in line for _, run in runs for line in run.lines)

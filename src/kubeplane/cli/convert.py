@@ -19,12 +19,13 @@ from kubeplane import config as machine_config
 from kubeplane import pki
 from kubeplane import plan as plan_module
 from kubeplane.cli import connect, lease, progress
-from kubeplane.cli.upgrade import KubeAPIAdapter, NodeAPIAdapter, with_server
+from kubeplane.cli.upgrade import KubeAPIAdapter, NodeAPIAdapter, rotation_of, with_server
 from kubeplane.clients import errors as client_errors
 from kubeplane.clients import etcd as etcd_client
 from kubeplane.clients import kube as kube_client
 from kubeplane.ops import convert, oplock
 from kubeplane.ops.errors import OpsError
+from kubeplane.ops.upgrade import ClusterNode
 from kubeplane.resources import catalog
 
 INITIALIZED_KEY = b"kubeplane:v1:initialized"
@@ -74,7 +75,9 @@ class KubeplaneEnv:
 
     async def daemonset_image(self, name: str) -> str | None:
         ds = await (await self.kube()).get_or_none(f"{DAEMONSETS}/{name}")
-        return None if ds is None else str(ds["spec"]["template"]["spec"]["containers"][0]["image"])
+        if ds is None or ds["metadata"].get("deletionTimestamp"):  # being deleted: gone for us
+            return None
+        return str(ds["spec"]["template"]["spec"]["containers"][0]["image"])
 
     async def machine_config(self, node: str) -> str:
         return await self.nodes.machine_config(node)
@@ -86,9 +89,11 @@ class KubeplaneEnv:
         documents = await self.nodes.ask(node, lambda c: c.resource_list(type_name))
         return [str(d["metadata"]["id"]) for d in documents]
 
-    async def delete_daemonset(self, name: str) -> bool:
+    async def delete_daemonset(self, name: str, *, orphan: bool = False) -> bool:
         try:
-            await (await self.kube()).delete(f"{DAEMONSETS}/{name}")
+            await (await self.kube()).delete(
+                f"{DAEMONSETS}/{name}", propagation_policy="Orphan" if orphan else None
+            )
         except client_errors.KubeNotFound:
             return False
         return True
@@ -113,6 +118,10 @@ class KubeplaneEnv:
     async def force_delete_pod(self, name: str) -> None:
         with contextlib.suppress(client_errors.KubeNotFound):
             await (await self.kube()).delete(f"{SYSTEM}/pods/{name}", grace_period_seconds=0)
+
+    async def delete_pod(self, name: str, *, grace_period: int) -> None:
+        with contextlib.suppress(client_errors.KubeNotFound):
+            await (await self.kube()).delete(f"{SYSTEM}/pods/{name}", grace_period_seconds=grace_period)
 
     async def remove_initialized_key(self) -> None:
         masters = await self.master_nodes()
@@ -187,6 +196,10 @@ async def _convert(
                     with shown.paused():
                         return _confirm(prompt)
 
+                masters = await env.master_nodes()
+                rotation = rotation_of(
+                    [ClusterNode(name=name, address=address, control_plane=True) for address, name in masters]
+                )
                 converter = convert.Converter(
                     env,
                     options=convert.Options(force=force),
@@ -194,6 +207,7 @@ async def _convert(
                     confirm=confirm,
                     progress=shown,
                     timing=timing,
+                    rotation=rotation,
                 )
                 await converter.run(resume=resume)
         return timing

@@ -326,10 +326,18 @@ class KubeClient:
         return await self.request("PATCH", path, body=obj, content_type=_APPLY_PATCH, params=params)
 
     async def delete(
-        self, path: str, *, resource_version: str | None = None, grace_period_seconds: int | None = None
+        self,
+        path: str,
+        *,
+        resource_version: str | None = None,
+        grace_period_seconds: int | None = None,
+        propagation_policy: str | None = None,
     ) -> dict[str, Any]:
-        """DELETE ``path``; with ``resource_version`` only that version (else ``KubeConflict``)."""
+        """DELETE ``path``; with ``resource_version`` only that version (else ``KubeConflict``);
+        ``propagation_policy`` ``Orphan`` leaves the dependents (a DaemonSet's pods) in place."""
         options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if propagation_policy is not None:
+            options["propagationPolicy"] = propagation_policy
         if resource_version is not None:
             options["preconditions"] = {"resourceVersion": resource_version}
         if grace_period_seconds is not None:

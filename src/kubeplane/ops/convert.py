@@ -17,11 +17,21 @@ Follows REFERENCE.md §4 with the original's messages, as a :class:`kubeplane.pl
    until no pod checkpoint is active (``retrying error: found N active pod checkpoints: [...]``);
    all-Pending ones are force-deleted;
 4. ``remove etcd key 'initialized'`` (self-hosted only): prompt ``confirm applying static pod
-   definitions and manifests``, then remove the key; skipped when the node no longer reports a
-   self-hosted control plane;
-5. ``replace`` each component: wait for the static (mirror) pods of it and the components after
-   it, delete its DaemonSet and its pods (not left to the garbage collector, see
-   :meth:`Converter.remove_daemonset_pods`), wait for its static pods Ready.
+   definitions and manifests``, delete the kube-controller-manager and kube-scheduler
+   DaemonSets and their pods (not behind the load balancer, they may go at once; gone before
+   the static pods are released, their static pods start on free ports instead of
+   crash-looping), then remove the key; skipped when the node no longer reports a self-hosted
+   control plane, no prompt when those DaemonSets are already gone (a run told yes deleted them);
+5. ``hand over`` kube-apiserver node by node, so the API never goes away: wait for the static
+   (mirror) pods of every component, delete the DaemonSet leaving its pods (``Orphan``), then
+   for each control plane node in turn take it out of the load balancer's rotation (when
+   another API server serves; :func:`kubeplane.ops.upgrader.out_of_rotation`, as ``upgrade-k8s``
+   does), delete its old pod gracefully (the API server finishes what it serves), start its
+   static pod (restarting the kubelet if the pod sits in crash-loop back-off), wait until it is
+   Ready and put the node back;
+6. ``replace`` kube-controller-manager and kube-scheduler: their DaemonSets and pods (if a run
+   that did not delete them first is resumed) deleted, not left to the garbage collector (see
+   :meth:`Converter.remove_daemonset_pods`); wait for the static pods Ready.
 
 Re-runnable at every point (a SIGKILL included): every step re-reads the live state, and a re-run
 plans again from it, so once the key is removed only the replacements are left, and they tolerate
@@ -36,6 +46,7 @@ implements it, tests fake it. ``Timing`` records how long each wait took (for th
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import functools
@@ -48,6 +59,8 @@ from kubeplane import pki, retry
 from kubeplane import plan as plan_module
 from kubeplane.clients import kube as kube_client
 from kubeplane.ops.errors import NodeUnavailable, OpsError, PreflightError, WaitTimeout
+from kubeplane.ops.upgrade import ClusterNode, NoRotation, Rotation
+from kubeplane.ops.upgrader import out_of_rotation
 
 COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 CHECKPOINTER = "pod-checkpointer"
@@ -63,6 +76,11 @@ KIND_PATCH = "patch"
 KIND_DISABLE = "disable"
 KIND_REMOVE = "remove"
 KIND_REPLACE = "replace"
+KIND_HANDOVER = "hand over"
+#: Replaced node by node behind the load balancer; the others go at once.
+APISERVER = "kube-apiserver"
+#: Deleted right before the static pods are released (the ``initialized`` key removed).
+RELEASED_FIRST = ("kube-controller-manager", "kube-scheduler")
 INITIALIZED_KEY = "etcd key 'initialized'"
 
 
@@ -120,14 +138,19 @@ class Env(Protocol):
     async def resource_ids(self, node: str, type_name: str) -> list[str]:
         """Ids of the node's resources of a type (``staticpods``, ``manifests``)."""
 
-    async def delete_daemonset(self, name: str) -> bool:
-        """Delete a kube-system DaemonSet; False when it was already gone."""
+    async def delete_daemonset(self, name: str, *, orphan: bool = False) -> bool:
+        """Delete a kube-system DaemonSet (``orphan``: leaving its pods running); False when it
+        was already gone."""
 
     async def system_pods(self) -> list[Pod]:
         """Every kube-system pod."""
 
     async def force_delete_pod(self, name: str) -> None:
         """Delete a kube-system pod with grace period 0."""
+
+    async def delete_pod(self, name: str, *, grace_period: int) -> None:
+        """Delete a kube-system pod gracefully: its containers get SIGTERM, and SIGKILL only after
+        ``grace_period`` seconds."""
 
     async def remove_initialized_key(self) -> None:
         """Delete the etcd ``initialized`` key (needs an etcd leader)."""
@@ -162,6 +185,13 @@ class Options:
     component_timeout: float = 420.0
     #: How long a force-deleted DaemonSet container may keep running (holding its host ports).
     port_release_timeout: float = 30.0
+    #: The grace period an old kube-apiserver pod is deleted with. Out of the rotation, it gets no
+    #: new connection, and on SIGTERM it answers what it was serving (telling kept-alive clients to
+    #: reconnect elsewhere); what is left then is its watches, on which it would sit out the
+    #: pod's full 30 s before the kubelet kills it. Their clients re-establish them anyway.
+    apiserver_grace_period: int = 5
+    #: How long a gracefully deleted kube-apiserver pod may take to stop (grace period, then kill).
+    graceful_stop_timeout: float = 60.0
 
 
 Confirm = Callable[[str], bool]
@@ -239,8 +269,11 @@ class Converter:
         confirm: Confirm,
         progress: plan_module.Progress | None = None,
         timing: Timing | None = None,
+        rotation: Rotation | None = None,
     ) -> None:
         self.env = env
+        #: The load balancer in front of the API servers, steered during the kube-apiserver hand-over.
+        self.rotation: Rotation = rotation if rotation is not None else NoRotation()
         self.options = options
         self.echo = echo
         self.confirm = confirm
@@ -274,8 +307,16 @@ class Converter:
             steps += [Step(KIND_PATCH, "machine config", ip, "self-hosted", rendered) for ip in addresses]
             steps.append(Step(KIND_DISABLE, CHECKPOINTER, "", present[CHECKPOINTER], "no checkpoints"))
             steps.append(Step(KIND_REMOVE, INITIALIZED_KEY, "", "present", "absent"))
+        steps += [
+            Step(KIND_HANDOVER, APISERVER, address, f"{present[APISERVER]} pod", "static pod")
+            for address in addresses
+        ]
         target = f"static pods on {len(nodes)} nodes"
-        steps += [Step(KIND_REPLACE, component, "", present[component], target) for component in COMPONENTS]
+        steps += [
+            Step(KIND_REPLACE, component, "", present[component], target)
+            for component in COMPONENTS
+            if component != APISERVER
+        ]
         notes = ["control plane nodes: " + ", ".join(f"{name} ({address})" for address, name in nodes)]
         if self_hosted and not self.options.force:
             notes.append("asks before disabling pod-checkpointer and before applying the static pods")
@@ -308,6 +349,8 @@ class Converter:
             return await self.disable_checkpointer()
         if step.kind == KIND_REMOVE:
             return await self.remove_initialized_key()
+        if step.kind == KIND_HANDOVER:
+            return await self.hand_over(step.node)
         return await self.replace(step.component)
 
     def ask(self, prompt: str) -> None:
@@ -466,12 +509,80 @@ class Converter:
         if not await self.env.self_hosted(self._nodes[0][0]):
             self.progress.info("the control plane is no longer self-hosted: the key is already removed")
             return plan_module.SKIPPED
-        self.ask("confirm applying static pod definitions and manifests")
+        present = [c for c in RELEASED_FIRST if await self.env.daemonset_image(c)]
+        if present:
+            self.ask("confirm applying static pod definitions and manifests")
+        else:  # deleted by a run that was told yes and then stopped before the key went
+            self.progress.info(
+                "the kube-controller-manager and kube-scheduler DaemonSets are already gone: "
+                "applying the static pods was confirmed"
+            )
+        # These two are not behind the load balancer: they go before the static pods are released,
+        # so their static pods start on free ports instead of crash-looping on the DaemonSet pods'
+        # (a kubelet restart out of that back-off costs each node seconds).
+        for component in RELEASED_FIRST:
+            if component in present:
+                self.progress.info(f'deleting daemonset "{component}"')
+                await self._retry(
+                    functools.partial(self.env.delete_daemonset, component),
+                    what=f'deleting daemonset "{component}"',
+                )
+            await self.remove_daemonset_pods(component)
+        await asyncio.gather(
+            *(
+                self.wait_ports_free(component, address, name, timeout=self.options.port_release_timeout)
+                for component in RELEASED_FIRST
+                for address, name in self._nodes
+            )
+        )
         self.progress.info("removing self-hosted initialized key")
         await self._retry(self.env.remove_initialized_key, what="removing the etcd initialized key")
         return plan_module.CHANGED
 
     # -- step 5 --
+
+    async def hand_over(self, address: str) -> plan_module.Outcome:
+        """Replace the kube-apiserver DaemonSet pod of the node at ``address`` by its static pod,
+        with the node out of the load balancer's rotation while it has no API server.
+
+        The DaemonSet goes first, its pods left running (``Orphan``), so each pod stops only when
+        its node's turn comes; the pod is deleted with its grace period, so the API server
+        finishes the requests it serves. A re-run finds a node already handed over (no old pod,
+        its static pod Ready) and only makes sure it is back in the rotation.
+        """
+        name = dict(self._nodes)[address]
+        node_names = [node for _, node in self._nodes]
+        for later in COMPONENTS:
+            await self.wait_static(later, node_names, ready=False)
+        if await self.env.daemonset_image(APISERVER):
+            self.progress.info(
+                f'deleting daemonset "{APISERVER}", leaving its pods to be replaced node by node'
+            )
+            await self._retry(
+                functools.partial(self.env.delete_daemonset, APISERVER, orphan=True),
+                what=f'deleting daemonset "{APISERVER}"',
+            )
+        pods = await self._retry(self.env.system_pods, what="listing the kube-system pods")
+        old = sorted(p.name for p in pods if p.node_name == name and _is_daemonset_pod(p, APISERVER))
+        done = not old and any(p.node_name == name and p.ready and _is_static(p, APISERVER) for p in pods)
+        node = ClusterNode(name=name, address=address, control_plane=True)
+        async with out_of_rotation(
+            self.rotation, node, self.progress, steer=len(self._nodes) > 1, drain=not done
+        ):
+            if done:
+                self.progress.info(f'node "{address}" already serves the API from its static pod')
+                return plan_module.SKIPPED
+            for pod in old:
+                self.progress.info(f'deleting pod "{pod}" on node "{address}"')
+                delete = functools.partial(
+                    self.env.delete_pod, pod, grace_period=self.options.apiserver_grace_period
+                )
+                await self._retry(delete, what=f'deleting pod "{pod}"')
+            await self.skip_crash_backoff(
+                APISERVER, address, name, timeout=self.options.graceful_stop_timeout
+            )
+            await self.wait_static(APISERVER, [name], ready=True)
+        return plan_module.CHANGED
 
     async def replace(self, component: str) -> plan_module.Outcome:
         """Hand ``component`` over from its DaemonSet to its static pods."""
@@ -486,8 +597,11 @@ class Converter:
             functools.partial(self.env.delete_daemonset, component), what=f'deleting daemonset "{component}"'
         )
         await self.remove_daemonset_pods(component)
-        for address, name in self._nodes:
-            await self.skip_crash_backoff(component, address, name)
+        # Every node at once: these components are not behind the load balancer, and each node's
+        # wait and kubelet restart concern that node alone.
+        await asyncio.gather(
+            *(self.skip_crash_backoff(component, address, name) for address, name in self._nodes)
+        )
         await self.wait_static(component, node_names, ready=True)
         return plan_module.CHANGED if deleted else plan_module.SKIPPED
 
@@ -500,7 +614,7 @@ class Converter:
         """
 
         async def gone() -> bool | str:
-            left = [p for p in await self.env.system_pods() if _owned_by_daemonset(p, component)]
+            left = [p for p in await self.env.system_pods() if _is_daemonset_pod(p, component)]
             for pod in left:
                 await self.env.force_delete_pod(pod.name)
             return (
@@ -516,7 +630,9 @@ class Converter:
             key="daemonset hand-over",
         )
 
-    async def skip_crash_backoff(self, component: str, address: str, node_name: str) -> None:
+    async def skip_crash_backoff(
+        self, component: str, address: str, node_name: str, *, timeout: float | None = None
+    ) -> None:
         """Restart the node's kubelet when its static ``component`` pod is not running.
 
         That pod crashed on the host ports its DaemonSet pod held, and the kubelet's back-off
@@ -524,6 +640,28 @@ class Converter:
         restarted kubelet has forgotten the back-off and starts it at once. Read from the node's
         container runtime: during the kube-apiserver hand-over there is no API to ask.
         """
+        static = f"{component}-{node_name}"
+        listed = await self.wait_ports_free(
+            component,
+            address,
+            node_name,
+            timeout=self.options.port_release_timeout if timeout is None else timeout,
+        )
+        if any(c.pod == static and c.name == component and c.running for c in listed):
+            return
+        self.progress.info(
+            f'restarting kubelet on node "{address}" to start its {component} static pod without '
+            "waiting out the crash-loop back-off"
+        )
+        await self._retry(
+            functools.partial(self.env.restart_kubelet, address), what=f"restarting the kubelet on {address}"
+        )
+
+    async def wait_ports_free(
+        self, component: str, address: str, node_name: str, *, timeout: float
+    ) -> list[Container]:
+        """Wait until no container of ``component`` but its static pod's runs on the node (the old
+        ones hold its host ports); returns the node's containers as last listed."""
         static = f"{component}-{node_name}"
         listed: list[Container] = []
 
@@ -535,19 +673,11 @@ class Converter:
         await self._wait(
             f'the old {component} containers on node "{address}" to stop',
             ports_free,
-            timeout=self.options.port_release_timeout,
+            timeout=timeout,
             interval=self.options.interval / 4,
             key="daemonset hand-over",
         )
-        if any(c.pod == static and c.name == component and c.running for c in listed):
-            return
-        self.progress.info(
-            f'restarting kubelet on node "{address}" to start its {component} static pod without '
-            "waiting out the crash-loop back-off"
-        )
-        await self._retry(
-            functools.partial(self.env.restart_kubelet, address), what=f"restarting the kubelet on {address}"
-        )
+        return listed
 
     async def wait_static(self, component: str, node_names: Sequence[str], *, ready: bool) -> None:
         async def present() -> bool | str:
@@ -616,6 +746,17 @@ def _is_static(pod: Pod, component: str) -> bool:
 
 def _owned_by_daemonset(pod: Pod, name: str) -> bool:
     return "DaemonSet" in pod.owner_kinds and pod.labels.get("k8s-app") == name
+
+
+def _is_daemonset_pod(pod: Pod, component: str) -> bool:
+    """A pod of ``component``'s DaemonSet, also once orphaned (its owner gone): neither a static
+    (mirror) pod nor a checkpoint."""
+    return (
+        pod.labels.get("k8s-app") == component
+        and not _is_static(pod, component)
+        and CHECKPOINT_OF not in pod.annotations
+        and "Node" not in pod.owner_kinds
+    )
 
 
 def _set_path(tree: Mapping[str, Any], path: Sequence[str], value: str) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from kubeplane.clients.errors import KubeNotFound, KubeUnavailable
 from kubeplane.config import generate as gen
 from kubeplane.ops import convert
 from kubeplane.ops.errors import NodeUnavailable, PreflightError, WaitTimeout
+from kubeplane.ops.upgrade import ClusterNode
 
 pytestmark = pytest.mark.unit
 
@@ -44,9 +45,16 @@ class FakeEnv:
     checkpoint_rounds: int = 2
     applied: list[str] = dataclasses.field(default_factory=list)
     fail_apply_after: int | None = None
-    #: DaemonSet pod name → component: pods no garbage collector removes with their DaemonSet.
-    daemonset_pods: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: DaemonSet pod name → (component, node name): pods no garbage collector removes with their
+    #: DaemonSet (and, once it is deleted with ``orphan``, nobody removes at all).
+    daemonset_pods: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     deleted_pods: list[str] = dataclasses.field(default_factory=list)
+    #: Pods deleted with their grace period (the API servers), in order.
+    gracefully_deleted: list[str] = dataclasses.field(default_factory=list)
+    #: DaemonSets deleted with ``orphan``.
+    orphaned: list[str] = dataclasses.field(default_factory=list)
+    #: Everything the rotation and the pod deletions did, in order.
+    events: list[str] = dataclasses.field(default_factory=list)
     #: (node address, component) whose static container waits in crash-loop back-off until the
     #: node's kubelet restarts.
     crashing: set[tuple[str, str]] = dataclasses.field(default_factory=set)
@@ -81,10 +89,12 @@ class FakeEnv:
             return []
         return list(convert.COMPONENTS) if type_name == "staticpods" else ["00-manifest"]
 
-    async def delete_daemonset(self, name: str) -> bool:
+    async def delete_daemonset(self, name: str, *, orphan: bool = False) -> bool:
         if name not in self.daemonsets:
             return False
         self.daemonsets.discard(name)
+        if orphan:
+            self.orphaned.append(name)
         return True
 
     async def system_pods(self) -> list[convert.Pod]:
@@ -96,26 +106,26 @@ class FakeEnv:
                     name="pod-checkpointer-x-cp-1", phase="Running", annotations={convert.CHECKPOINT_OF: "x"}
                 )
             )
-        for name, component in self.daemonset_pods.items():
+        for name, (component, node) in self.daemonset_pods.items():
             pods.append(
                 convert.Pod(
                     name=name,
-                    node_name="cp-1",
+                    node_name=node,
                     phase="Running",
                     ready=True,
                     labels={"k8s-app": component},
-                    owner_kinds=("DaemonSet",),
+                    owner_kinds=() if component in self.orphaned else ("DaemonSet",),
                 )
             )
         if not self.self_hosted_flag:
-            for _, node in NODES:
+            for address, node in NODES:
                 for component in convert.COMPONENTS:
                     pods.append(
                         convert.Pod(
                             name=f"{component}-{node}",
                             node_name=node,
                             phase="Running",
-                            ready=True,
+                            ready=(address, component) not in self.crashing,
                             labels={"k8s-app": component},
                             annotations={convert.SECRETS_VERSION: "1"},
                             owner_kinds=("Node",),
@@ -124,13 +134,24 @@ class FakeEnv:
         return pods
 
     async def force_delete_pod(self, name: str) -> None:
-        component = self.daemonset_pods.pop(name, None)
+        component, _ = self.daemonset_pods.pop(name, (None, None))
         assert component is not None, "running checkpoints must not be force-deleted"
+        assert component != convert.APISERVER, "API servers are deleted with their grace period"
         assert component not in self.daemonsets, f"{name} deleted while its DaemonSet still exists"
         self.deleted_pods.append(name)
+        self.events.append(f"force-delete {name}")
+
+    async def delete_pod(self, name: str, *, grace_period: int) -> None:
+        assert grace_period > 0
+        component, _ = self.daemonset_pods.pop(name, (None, None))
+        assert component == convert.APISERVER and component not in self.daemonsets
+        self.deleted_pods.append(name)
+        self.gracefully_deleted.append(name)
+        self.events.append(f"delete {name}")
 
     async def remove_initialized_key(self) -> None:
         self.self_hosted_flag = False
+        self.events.append("remove key")
 
     async def containers(self, node: str) -> list[convert.Container]:
         name = dict(NODES)[node]
@@ -149,6 +170,25 @@ class FakeEnv:
         self.crashing = {(n, c) for n, c in self.crashing if n != node}
 
 
+@dataclasses.dataclass
+class FakeRotation:
+    """The load balancer: every node serves unless drained; records into ``env.events``."""
+
+    env: FakeEnv
+    drained: set[str] = dataclasses.field(default_factory=set)
+
+    async def drain(self, node: ClusterNode) -> None:
+        self.drained.add(node.address)
+        self.env.events.append(f"drain {node.address}")
+
+    async def restore(self, node: ClusterNode) -> None:
+        self.drained.discard(node.address)
+        self.env.events.append(f"restore {node.address}")
+
+    async def serving(self) -> set[str]:
+        return {address for address, _ in NODES} - self.drained
+
+
 class Lines(plan.RecordingProgress):
     """Everything the run says, in order: its own lines and its steps' messages."""
 
@@ -163,7 +203,13 @@ class Lines(plan.RecordingProgress):
         self.lines.append(f"retrying error: {message}")
 
 
-def _run(env: FakeEnv, *, answers: list[bool] | None = None, force: bool = True) -> list[str]:
+def _run(
+    env: FakeEnv,
+    *,
+    answers: list[bool] | None = None,
+    force: bool = True,
+    rotation: FakeRotation | None = None,
+) -> list[str]:
     said = Lines()
     lines = said.lines
     asked: list[str] = []
@@ -173,7 +219,9 @@ def _run(env: FakeEnv, *, answers: list[bool] | None = None, force: bool = True)
         return (answers or []).pop(0)
 
     options = convert.Options(force=force, interval=0, checkpoint_interval=0)
-    converter = convert.Converter(env, options=options, echo=lines.append, confirm=confirm, progress=said)
+    converter = convert.Converter(
+        env, options=options, echo=lines.append, confirm=confirm, progress=said, rotation=rotation
+    )
     try:
         asyncio.run(converter.run())
     finally:
@@ -226,7 +274,7 @@ def test_rerun_after_partial_patch_reuses_the_aggregator_ca() -> None:
     with pytest.raises(plan.StepFailed) as caught:
         _run(env)
     assert isinstance(caught.value.cause, RuntimeError)
-    assert "step 2/7 failed: patch machine config on node 10.0.0.3: simulated kill" in str(caught.value)
+    assert "step 2/8 failed: patch machine config on node 10.0.0.3: simulated kill" in str(caught.value)
     first = machine_config.load(env.configs["10.0.0.2"]).model.cluster.aggregator_ca
     assert first is not None
     env.fail_apply_after = None
@@ -281,10 +329,20 @@ def test_decoded_service_account_key_is_patched() -> None:
 def test_pods_of_deleted_daemonsets_are_deleted_not_left_to_the_garbage_collector() -> None:
     # On a real cluster they survived: the collector runs in the controller manager being replaced,
     # and a surviving pod holds its host ports, so the static pod replacing it crash-loops.
-    pods = {f"{component}-abcde": component for component in convert.COMPONENTS}
+    pods = {f"{component}-abcde": (component, "cp-1") for component in convert.COMPONENTS}
     env = FakeEnv(configs={ip: _config() for ip, _ in NODES}, daemonset_pods=dict(pods))
     lines = _run(env)
-    assert env.deleted_pods == list(pods)
+    assert sorted(env.deleted_pods) == sorted(pods)
+    # The API server's pod goes with its grace period, after its DaemonSet went leaving it running.
+    assert env.gracefully_deleted == ["kube-apiserver-abcde"]
+    assert env.orphaned == ["kube-apiserver"]
+    # The other two go before the static pods are released: theirs start on free ports.
+    assert env.events == [
+        "force-delete kube-controller-manager-abcde",
+        "force-delete kube-scheduler-abcde",
+        "remove key",
+        "delete kube-apiserver-abcde",
+    ]
     assert 'waiting for pods of daemonset "kube-controller-manager" to terminate' in lines
     assert lines[-1] == "conversion process completed successfully"
 
@@ -313,11 +371,13 @@ def test_the_kubelet_restart_waits_for_the_old_container_to_free_the_ports() -> 
 
 def test_an_old_container_that_never_stops_fails_naming_the_node() -> None:
     env = FakeEnv(
-        configs={ip: _config() for ip, _ in NODES}, old_running={("10.0.0.3", "kube-apiserver"): 10**6}
+        configs={ip: _config() for ip, _ in NODES},
+        crashing={("10.0.0.3", "kube-apiserver")},
+        old_running={("10.0.0.3", "kube-apiserver"): 10**6},
     )
     converter = convert.Converter(
         env,
-        options=convert.Options(force=True, interval=0, checkpoint_interval=0, port_release_timeout=0.05),
+        options=convert.Options(force=True, interval=0, checkpoint_interval=0, graceful_stop_timeout=0.05),
         echo=lambda _: None,
         confirm=lambda _: True,
     )
@@ -339,7 +399,9 @@ def test_the_plan_lists_every_step_from_read_calls_only() -> None:
         *(("patch", "machine config", ip) for ip, _ in NODES),
         ("disable", convert.CHECKPOINTER, ""),
         ("remove", "etcd key 'initialized'", ""),
-        *(("replace", component, "") for component in convert.COMPONENTS),
+        *(("hand over", "kube-apiserver", ip) for ip, _ in NODES),
+        ("replace", "kube-controller-manager", ""),
+        ("replace", "kube-scheduler", ""),
     ]
     last = plan.steps[-1]
     assert (last.current, last.target) == ("DaemonSet", f"static pods on {len(NODES)} nodes")
@@ -351,7 +413,76 @@ def test_the_plan_lists_every_step_from_read_calls_only() -> None:
     env.daemonsets.discard("kube-scheduler")
     rest = asyncio.run(converter.plan())
     assert [(s.kind, s.component, s.current) for s in rest.steps] == [
-        ("replace", "kube-apiserver", "DaemonSet"),
+        *(("hand over", "kube-apiserver", "DaemonSet pod") for _ in NODES),
         ("replace", "kube-controller-manager", "DaemonSet"),
         ("replace", "kube-scheduler", "no DaemonSet"),
+    ]
+
+
+def test_api_servers_are_handed_over_one_node_at_a_time_out_of_the_rotation() -> None:
+    pods = {
+        f"kube-apiserver-{suffix}": ("kube-apiserver", node)
+        for suffix, (_, node) in zip("ab", NODES, strict=True)
+    }
+    env = FakeEnv(
+        configs={ip: _config() for ip, _ in NODES},
+        daemonset_pods=dict(pods),
+        crashing={(address, "kube-apiserver") for address, _ in NODES},
+    )
+    lines = _run(env, rotation=FakeRotation(env))
+    # Each node leaves the rotation, loses its old pod (graceful), gets its static pod (kubelet
+    # restarted out of the back-off) and comes back before the next node's turn.
+    assert env.events == [
+        "remove key",
+        "drain 10.0.0.2",
+        "delete kube-apiserver-a",
+        "restore 10.0.0.2",
+        "drain 10.0.0.3",
+        "delete kube-apiserver-b",
+        "restore 10.0.0.3",
+    ]
+    assert env.restarted == ["10.0.0.2", "10.0.0.3"]
+    assert env.orphaned == ["kube-apiserver"]
+    assert "taking node cp-1 out of the load balancer rotation" in lines
+    assert lines[-1] == "conversion process completed successfully"
+
+
+def test_a_rerun_skips_nodes_handed_over_and_puts_them_back_in_the_rotation() -> None:
+    # A run killed between a node's static pod becoming Ready and its return to the rotation.
+    env = FakeEnv(configs={ip: _config() for ip, _ in NODES}, self_hosted_flag=False)
+    rotation = FakeRotation(env, drained={"10.0.0.2"})
+    lines = _run(env, rotation=rotation)
+    assert env.events == ["restore 10.0.0.2", "restore 10.0.0.3"]
+    assert rotation.drained == set()
+    assert 'node "10.0.0.2" already serves the API from its static pod' in lines
+    assert env.gracefully_deleted == [] and env.restarted == []
+
+
+def test_the_last_api_server_serving_is_not_taken_out_of_the_rotation() -> None:
+    env = FakeEnv(
+        configs={ip: _config() for ip, _ in NODES},
+        daemonset_pods={"kube-apiserver-a": ("kube-apiserver", "cp-1")},
+    )
+    rotation = FakeRotation(env, drained={"10.0.0.3"})
+    lines = _run(env, rotation=rotation)
+    assert "drain 10.0.0.2" not in env.events
+    assert "keeping node cp-1 in the load balancer rotation: no other API server is serving" in lines
+
+
+def test_a_rerun_after_the_two_daemonsets_went_removes_the_key_without_asking_again() -> None:
+    # The run that was told yes deleted kube-controller-manager's and kube-scheduler's DaemonSets
+    # and was killed before the key went: asking again could leave the cluster without both.
+    env = FakeEnv(configs={ip: _config() for ip, _ in NODES})
+    env.daemonsets -= {"kube-controller-manager", "kube-scheduler", convert.CHECKPOINTER}
+    env.checkpoint_rounds = 0
+    lines = _run(env, answers=[True], force=False)
+    assert "confirm applying static pod definitions and manifests [yes/no]: " not in lines
+    assert any(
+        "DaemonSets are already gone: applying the static pods was confirmed" in line for line in lines
+    )
+    assert not env.self_hosted_flag
+    # Only the first question was asked (the prompts asked come last in the lines).
+    assert lines[-2:] == [
+        "conversion process completed successfully",
+        "confirm disabling pod-checkpointer to proceed with control plane update [yes/no]: ",
     ]
