@@ -9,6 +9,14 @@ A StaticPod being torn down loses its file before this controller lets go of its
 (``StaticPods`` is a strong input), so the pod is never destroyed while it still runs; files with
 the prefix that match no StaticPod are strays from an earlier run and are removed.
 
+kube-controller-manager's and kube-scheduler's files, when they do not exist yet, are written
+only once the node's kube-apiserver answers its readiness probe (the pod's own ``readinessProbe``,
+checked every second meanwhile): the order kubeadm adopted (kubernetes #117984). Started next to
+an API server that is still bootstrapping its RBAC policy, kube-controller-manager exits
+("extension-apiserver-authentication is forbidden") and sits out the kubelet's crash-loop back-off
+(10 s, then 20 s): on a new cluster that was most of the half-minute before the worker's kubelet
+got its certificate. A file already there (an upgrade, an agent restart) is rewritten at once.
+
 All files are removed while the control plane is self-hosted (``BootstrapStatuses`` says so) or
 when the secrets status is gone; without any BootstrapStatus yet nothing is written or removed,
 since running the static pods next to a self-hosted control plane would fight over its ports.
@@ -37,6 +45,11 @@ from kubeplane.runtime import Input, InputKind, Output, ReconcileContext
 DEFAULT_PODS_URL = "http://127.0.0.1:10255/pods"
 FILE_PREFIX = "kubeplane-"
 _CONFIG_SOURCE = "kubernetes.io/config.source"
+#: StaticPods first written only once the node's API server is ready (module docstring).
+AFTER_APISERVER = ("kube-controller-manager", "kube-scheduler")
+APISERVER = "kube-apiserver"
+#: How often the API server's readiness is checked while a pod is held back (seconds).
+READY_RECHECK = 1.0
 
 
 def manifest_name(static_pod_id: str) -> str:
@@ -70,6 +83,7 @@ class KubeletStaticPodController:
         # Made once: building a client loads CA certificates, which blocks the event loop for tens
         # of milliseconds — every 15 s, and in front of static pod writes queued behind a poll.
         self._http: httpx.AsyncClient | None = None
+        self._probe: httpx.AsyncClient | None = None
 
     async def reconcile(self, ctx: ReconcileContext) -> None:
         ctx.requeue_after(self.poll_interval)
@@ -96,6 +110,7 @@ class KubeletStaticPodController:
             and bootstrap.spec.self_hosted_control_plane
         )
         wanted: dict[str, bytes] = {}
+        pods: dict[str, Any] = {}
         if self_hosted:
             ctx.logger.debug("control plane is self-hosted; removing static pod files")
         elif secrets is None:
@@ -106,12 +121,43 @@ class KubeletStaticPodController:
                     resource.spec, catalog.StaticPodSpec
                 ):
                     pod: Any = resource.spec.to_dict()["pod"]
+                    pods[resource.id] = pod
                     wanted[manifest_name(resource.id)] = render.dump_yaml(pod).encode()
+        held = [
+            pod_id
+            for pod_id in AFTER_APISERVER
+            if pod_id in pods and not (self.directory / manifest_name(pod_id)).exists()
+        ]
+        if held and APISERVER in pods and not await self._apiserver_ready(pods[APISERVER]):
+            for pod_id in held:
+                del wanted[manifest_name(pod_id)]
+            ctx.logger.debug("holding back static pods %s until kube-apiserver is ready", held)
+            ctx.requeue_after(READY_RECHECK)
         removed, written = await asyncio.to_thread(self._write_files, wanted)
         for path in removed:
             ctx.logger.info("removing static pod %r", str(path))
         for path in written:
             ctx.logger.info("wrote static pod %r", str(path))
+
+    async def _apiserver_ready(self, pod: Any) -> bool:
+        """Whether the API server answers the readiness probe of its pod spec with a 2xx."""
+        try:
+            container = pod["spec"]["containers"][0]
+            probe = container["readinessProbe"]["httpGet"]
+            scheme = str(probe.get("scheme", "HTTP")).lower()
+            host, port = probe.get("host") or "127.0.0.1", int(probe["port"])
+            url = f"{scheme}://{host}:{port}{probe.get('path', '/')}"
+        except (KeyError, IndexError, TypeError, ValueError):
+            return True  # no probe to wait on: nothing to hold back for
+        if self._probe is None:
+            # What the kubelet's HTTPS probes do: no certificate check. The answer only decides
+            # when a file is written; nothing read from it is trusted.
+            self._probe = httpx.AsyncClient(verify=False, timeout=READY_RECHECK)  # noqa: S501
+        try:
+            response = await self._probe.get(url)
+        except httpx.HTTPError:
+            return False
+        return response.is_success
 
     def _write_files(self, wanted: dict[str, bytes]) -> tuple[list[Path], list[Path]]:
         """Make the directory hold exactly ``wanted`` of our files (blocking I/O: run in a thread);

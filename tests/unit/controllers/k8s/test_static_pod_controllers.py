@@ -258,3 +258,49 @@ def test_kubelet_not_up_is_not_an_error(paths: NodePaths, caplog: pytest.LogCapt
     assert len(messages) >= 2, "it keeps polling"
     assert {record.levelname for record in messages} == {"DEBUG"}
     assert not [record for record in caplog.records if "controller failed" in record.getMessage()]
+
+
+def _probed_pod(name: str, url: str) -> catalog.StaticPodSpec:
+    """A pod whose readiness probe asks ``url`` (``http://host:port/path``)."""
+    host_port, _, path = url.removeprefix("http://").partition("/")
+    host, _, port = host_port.partition(":")
+    probe = {"httpGet": {"host": host, "port": int(port), "path": "/" + path, "scheme": "HTTP"}}
+    return catalog.StaticPodSpec(
+        pod={
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": name, "readinessProbe": probe}]},
+        }
+    )
+
+
+def test_controller_manager_and_scheduler_wait_for_a_ready_api_server(
+    paths: NodePaths, local_server: LocalServer
+) -> None:
+    manifests = paths.kubelet_manifests
+    apiserver_file = manifests / "kubeplane-kube-apiserver.yaml"
+    held = [
+        manifests / f"kubeplane-{component}.yaml" for component in (files.CONTROLLER_MANAGER, files.SCHEDULER)
+    ]
+    ready_url = local_server.serve("/readyz", b"ok")
+
+    async def body(state: State) -> None:
+        publish_bootstrap_status(state, self_hosted=False)
+        publish_secret_status(state, ready=True)
+        # An API server that does not answer: its own file is written, the other two wait.
+        put(state, *PODS, files.APISERVER, _probed_pod(files.APISERVER, CLOSED_URL + "/readyz"))
+        put(state, *PODS, files.CONTROLLER_MANAGER, _pod(files.CONTROLLER_MANAGER))
+        put(state, *PODS, files.SCHEDULER, _pod(files.SCHEDULER))
+        await eventually(apiserver_file.exists, what="apiserver file")
+        await asyncio.sleep(2.5)  # more than two rechecks
+        assert not any(path.exists() for path in held), "written before the API server was ready"
+        # It answers 200: both follow within a recheck.
+        put(state, *PODS, files.APISERVER, _probed_pod(files.APISERVER, ready_url))
+        await eventually(lambda: all(path.exists() for path in held), what="held pods written")
+        # Once there, a file is rewritten at once whatever the API server says (an upgrade).
+        put(state, *PODS, files.APISERVER, _probed_pod(files.APISERVER, CLOSED_URL + "/readyz"))
+        put(state, *PODS, files.SCHEDULER, _pod(files.SCHEDULER, image="k8s.gcr.io/kube-scheduler:v1.20.3"))
+        await eventually(lambda: "v1.20.3" in held[1].read_text(), what="rewritten while not ready")
+
+    run([KubeletStaticPodController(paths=paths, pods_url=CLOSED_URL)], body)
