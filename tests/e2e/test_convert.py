@@ -59,7 +59,7 @@ FIRST_PROMPT = "confirm disabling pod-checkpointer to proceed with control plane
 KILL_POINTS = {
     "after config patch": " > waiting for static pod definitions to be generated",
     "after checkpointer deletion": " > waiting for pod-checkpointer pods to terminate",
-    "after key removal": ' > waiting for static pods for "kube-apiserver"',
+    "after key removal": " > waiting for the kube-apiserver static pod to be rendered",
     "between DaemonSet deletions": ' > deleting daemonset "kube-scheduler"',
 }
 

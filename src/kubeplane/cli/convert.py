@@ -91,8 +91,10 @@ class KubeplaneEnv:
 
     async def delete_daemonset(self, name: str, *, orphan: bool = False) -> bool:
         try:
+            # Explicit either way: a DaemonSet already being deleted with Orphan keeps orphaning
+            # (its finalizer says so) unless a later DELETE names another policy.
             await (await self.kube()).delete(
-                f"{DAEMONSETS}/{name}", propagation_policy="Orphan" if orphan else None
+                f"{DAEMONSETS}/{name}", propagation_policy="Orphan" if orphan else "Background"
             )
         except client_errors.KubeNotFound:
             return False

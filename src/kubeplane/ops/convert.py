@@ -139,8 +139,9 @@ class Env(Protocol):
         """Ids of the node's resources of a type (``staticpods``, ``manifests``)."""
 
     async def delete_daemonset(self, name: str, *, orphan: bool = False) -> bool:
-        """Delete a kube-system DaemonSet (``orphan``: leaving its pods running); False when it
-        was already gone."""
+        """Delete a kube-system DaemonSet, its pods with it (``Background``) or, with ``orphan``,
+        leaving them running; False when it was already gone. A DaemonSet being deleted with
+        ``orphan`` is deleted at once by a call without it (nothing is left to orphan)."""
 
     async def system_pods(self) -> list[Pod]:
         """Every kube-system pod."""
@@ -552,8 +553,21 @@ class Converter:
         """
         name = dict(self._nodes)[address]
         node_names = [node for _, node in self._nodes]
-        for later in COMPONENTS:
+        for later in COMPONENTS[1:]:
             await self.wait_static(later, node_names, ready=False)
+
+        async def rendered() -> bool | str:
+            # The node's agent has its static pod; it writes the kubelet's file once the old pod
+            # has freed the port (an older agent writes it at once: then it crash-loops until then).
+            ids = await self.env.resource_ids(address, "staticpods")
+            return True if APISERVER in ids else f"{address}: no {APISERVER} static pod rendered yet"
+
+        await self._wait(
+            f'the {APISERVER} static pod to be rendered on node "{address}"',
+            rendered,
+            timeout=self.options.static_pod_timeout,
+            key="static pods appearing",
+        )
         if await self.env.daemonset_image(APISERVER):
             self.progress.info(
                 f'deleting daemonset "{APISERVER}", leaving its pods to be replaced node by node'
@@ -571,18 +585,40 @@ class Converter:
         ):
             if done:
                 self.progress.info(f'node "{address}" already serves the API from its static pod')
-                return plan_module.SKIPPED
             for pod in old:
                 self.progress.info(f'deleting pod "{pod}" on node "{address}"')
                 delete = functools.partial(
                     self.env.delete_pod, pod, grace_period=self.options.apiserver_grace_period
                 )
                 await self._retry(delete, what=f'deleting pod "{pod}"')
-            await self.skip_crash_backoff(
-                APISERVER, address, name, timeout=self.options.graceful_stop_timeout
-            )
-            await self.wait_static(APISERVER, [name], ready=True)
-        return plan_module.CHANGED
+            if not done:
+                await self.skip_crash_backoff(
+                    APISERVER, address, name, timeout=self.options.graceful_stop_timeout
+                )
+                await self.wait_static(APISERVER, [name], ready=True)
+        await self.finish_orphaning(APISERVER)
+        return plan_module.SKIPPED if done else plan_module.CHANGED
+
+    async def finish_orphaning(self, component: str) -> None:
+        """Once no pod of ``component``'s DaemonSet is left anywhere, make sure the DaemonSet is
+        gone. Deleted with ``Orphan``, it waits for the garbage collector to release its pods,
+        and that collector runs in kube-controller-manager, restarted as a static pod just before
+        and slow to start: deleting it again with the default propagation drops that wait (there
+        is nothing left to orphan)."""
+        pods = await self._retry(self.env.system_pods, what="listing the kube-system pods")
+        if any(_is_daemonset_pod(p, component) for p in pods):
+            return
+
+        async def gone() -> bool | str:
+            deleted = await self.env.delete_daemonset(component)
+            return True if not deleted else f'daemonset "{component}" is still being deleted'
+
+        await self._wait(
+            f'daemonset "{component}" to be gone',
+            gone,
+            timeout=self.options.component_timeout,
+            key="daemonset hand-over",
+        )
 
     async def replace(self, component: str) -> plan_module.Outcome:
         """Hand ``component`` over from its DaemonSet to its static pods."""
@@ -633,7 +669,8 @@ class Converter:
     async def skip_crash_backoff(
         self, component: str, address: str, node_name: str, *, timeout: float | None = None
     ) -> None:
-        """Restart the node's kubelet when its static ``component`` pod is not running.
+        """Restart the node's kubelet when its static ``component`` pod has a container, none
+        running.
 
         That pod crashed on the host ports its DaemonSet pod held, and the kubelet's back-off
         (doubling from 10 s up to 5 min) would keep it down long after the ports are free; a
@@ -647,7 +684,10 @@ class Converter:
             node_name,
             timeout=self.options.port_release_timeout if timeout is None else timeout,
         )
-        if any(c.pod == static and c.name == component and c.running for c in listed):
+        mine = [c for c in listed if c.pod == static and c.name == component]
+        if not mine or any(c.running for c in mine):
+            # Running, or not made yet: an agent holds a new kube-apiserver static pod back while
+            # another server has its port, so the kubelet starts it at once when it is written.
             return
         self.progress.info(
             f'restarting kubelet on node "{address}" to start its {component} static pod without '

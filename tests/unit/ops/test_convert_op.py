@@ -58,6 +58,9 @@ class FakeEnv:
     #: (node address, component) whose static container waits in crash-loop back-off until the
     #: node's kubelet restarts.
     crashing: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    #: (node address, component) whose static pod has no container yet (its agent held it back
+    #: while the old pod had the port): the kubelet starts it once written, no restart needed.
+    unstarted: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     #: (node address, component) → polls for which the old DaemonSet container still runs.
     old_running: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     restarted: list[str] = dataclasses.field(default_factory=list)
@@ -85,7 +88,7 @@ class FakeEnv:
 
     async def resource_ids(self, node: str, type_name: str) -> list[str]:
         document = machine_config.load(self.configs[node]).model.cluster
-        if document.aggregator_ca is None:
+        if document.aggregator_ca is None and self.self_hosted_flag:  # a re-run starts unpatched
             return []
         return list(convert.COMPONENTS) if type_name == "staticpods" else ["00-manifest"]
 
@@ -158,7 +161,10 @@ class FakeEnv:
         found = []
         for component in convert.COMPONENTS:
             crashing = (node, component) in self.crashing
-            found.append(convert.Container(pod=f"{component}-{name}", name=component, running=not crashing))
+            if (node, component) not in self.unstarted:
+                found.append(
+                    convert.Container(pod=f"{component}-{name}", name=component, running=not crashing)
+                )
             if self.old_running.get((node, component), 0) > 0:
                 self.old_running[(node, component)] -= 1
                 found.append(convert.Container(pod=f"{component}-zyxwv", name=component, running=True))
@@ -486,3 +492,17 @@ def test_a_rerun_after_the_two_daemonsets_went_removes_the_key_without_asking_ag
         "conversion process completed successfully",
         "confirm disabling pod-checkpointer to proceed with control plane update [yes/no]: ",
     ]
+
+
+def test_a_static_pod_not_started_yet_is_waited_for_without_a_kubelet_restart() -> None:
+    # The node's agent held its static kube-apiserver back while the old pod had the port: no
+    # container yet is not a crash-loop, the kubelet starts it as soon as its file is written.
+    env = FakeEnv(
+        configs={ip: _config() for ip, _ in NODES},
+        daemonset_pods={"kube-apiserver-a": ("kube-apiserver", "cp-1")},
+        unstarted={("10.0.0.2", "kube-apiserver")},
+    )
+    lines = _run(env, rotation=FakeRotation(env))
+    assert env.restarted == []
+    assert env.gracefully_deleted == ["kube-apiserver-a"]
+    assert lines[-1] == "conversion process completed successfully"

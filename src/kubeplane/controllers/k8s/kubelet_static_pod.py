@@ -17,6 +17,12 @@ an API server that is still bootstrapping its RBAC policy, kube-controller-manag
 (10 s, then 20 s): on a new cluster that was most of the half-minute before the worker's kubelet
 got its certificate. A file already there (an upgrade, an agent restart) is rewritten at once.
 
+Likewise kube-apiserver's file, when it does not exist yet, waits while something else accepts
+connections on its port: a self-hosted control plane's DaemonSet pod, which ``convert-k8s``
+replaces node by node. Written next to it, the static pod would crash-loop on the port and sit out
+a back-off of up to 5 min once the port is free; held back, it starts within a second of the old
+pod closing its listener.
+
 All files are removed while the control plane is self-hosted (``BootstrapStatuses`` says so) or
 when the secrets status is gone; without any BootstrapStatus yet nothing is written or removed,
 since running the static pods next to a self-hosted control plane would fight over its ports.
@@ -84,6 +90,8 @@ class KubeletStaticPodController:
         # of milliseconds — every 15 s, and in front of static pod writes queued behind a poll.
         self._http: httpx.AsyncClient | None = None
         self._probe: httpx.AsyncClient | None = None
+        #: Static pods held back at the last reconcile, and why.
+        self._holding: dict[str, str] = {}
 
     async def reconcile(self, ctx: ReconcileContext) -> None:
         ctx.requeue_after(self.poll_interval)
@@ -123,15 +131,19 @@ class KubeletStaticPodController:
                     pod: Any = resource.spec.to_dict()["pod"]
                     pods[resource.id] = pod
                     wanted[manifest_name(resource.id)] = render.dump_yaml(pod).encode()
-        held = [
-            pod_id
-            for pod_id in AFTER_APISERVER
-            if pod_id in pods and not (self.directory / manifest_name(pod_id)).exists()
-        ]
-        if held and APISERVER in pods and not await self._apiserver_ready(pods[APISERVER]):
-            for pod_id in held:
-                del wanted[manifest_name(pod_id)]
-            ctx.logger.debug("holding back static pods %s until kube-apiserver is ready", held)
+        new = {pod_id for pod_id in pods if not (self.directory / manifest_name(pod_id)).exists()}
+        held: dict[str, str] = {}
+        if APISERVER in new and await self._port_taken(pods[APISERVER]):
+            held[APISERVER] = "another kube-apiserver holds its port"
+        later = [pod_id for pod_id in AFTER_APISERVER if pod_id in new]
+        if later and APISERVER in pods and not await self._apiserver_ready(pods[APISERVER]):
+            held.update((pod_id, "kube-apiserver is not ready") for pod_id in later)
+        for pod_id, reason in held.items():
+            del wanted[manifest_name(pod_id)]
+            if self._holding.get(pod_id) != reason:  # said once, not every second
+                ctx.logger.info("holding back static pod %s: %s", pod_id, reason)
+        self._holding = held
+        if held:
             ctx.requeue_after(READY_RECHECK)
         removed, written = await asyncio.to_thread(self._write_files, wanted)
         for path in removed:
@@ -139,16 +151,25 @@ class KubeletStaticPodController:
         for path in written:
             ctx.logger.info("wrote static pod %r", str(path))
 
+    async def _port_taken(self, pod: Any) -> bool:
+        """Whether something already accepts connections on the port of the pod's readiness probe."""
+        probe = _readiness_probe(pod)
+        if probe is None:
+            return False
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(probe[1], probe[2]), READY_RECHECK)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        return True
+
     async def _apiserver_ready(self, pod: Any) -> bool:
         """Whether the API server answers the readiness probe of its pod spec with a 2xx."""
-        try:
-            container = pod["spec"]["containers"][0]
-            probe = container["readinessProbe"]["httpGet"]
-            scheme = str(probe.get("scheme", "HTTP")).lower()
-            host, port = probe.get("host") or "127.0.0.1", int(probe["port"])
-            url = f"{scheme}://{host}:{port}{probe.get('path', '/')}"
-        except (KeyError, IndexError, TypeError, ValueError):
+        probe = _readiness_probe(pod)
+        if probe is None:
             return True  # no probe to wait on: nothing to hold back for
+        scheme, host, port, path = probe
+        url = f"{scheme}://{host}:{port}{path}"
         if self._probe is None:
             # What the kubelet's HTTPS probes do: no certificate check. The answer only decides
             # when a file is written; nothing read from it is trusted.
@@ -204,3 +225,17 @@ class KubeletStaticPodController:
             outputs.publish(ctx, catalog.CONTROLPLANE_NAMESPACE, catalog.STATIC_POD_STATUSES, pod_id, spec)
             keep.append(pod_id)
         ctx.cleanup(catalog.CONTROLPLANE_NAMESPACE, catalog.STATIC_POD_STATUSES, keep)
+
+
+def _readiness_probe(pod: Any) -> tuple[str, str, int, str] | None:
+    """(scheme, host, port, path) of the first container's HTTP readiness probe; None without one."""
+    try:
+        probe = pod["spec"]["containers"][0]["readinessProbe"]["httpGet"]
+        return (
+            str(probe.get("scheme", "HTTP")).lower(),
+            str(probe.get("host") or "127.0.0.1"),
+            int(probe["port"]),
+            str(probe.get("path", "/")),
+        )
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import time
 from typing import Any
 
@@ -304,3 +305,31 @@ def test_controller_manager_and_scheduler_wait_for_a_ready_api_server(
         await eventually(lambda: "v1.20.3" in held[1].read_text(), what="rewritten while not ready")
 
     run([KubeletStaticPodController(paths=paths, pods_url=CLOSED_URL)], body)
+
+
+def test_api_server_waits_while_another_holds_its_port(paths: NodePaths) -> None:
+    # A self-hosted control plane's DaemonSet pod serving the port (convert-k8s replaces it):
+    # written next to it, the static pod would crash-loop into a long back-off.
+    manifests = paths.kubelet_manifests
+    apiserver_file = manifests / "kubeplane-kube-apiserver.yaml"
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/readyz"
+
+    async def body(state: State) -> None:
+        publish_bootstrap_status(state, self_hosted=False)
+        publish_secret_status(state, ready=True)
+        put(state, *PODS, files.APISERVER, _probed_pod(files.APISERVER, url))
+        await asyncio.sleep(2.5)  # more than two rechecks
+        assert not apiserver_file.exists(), "written while another server held the port"
+        listener.close()
+        await eventually(apiserver_file.exists, what="apiserver file once the port is free")
+        # Once there, it is rewritten at once, whoever holds the port.
+        with socket.create_server(("127.0.0.1", port)):
+            put(state, *PODS, files.APISERVER, _probed_pod(files.APISERVER, url + "?v=2"))
+            await eventually(lambda: "v=2" in apiserver_file.read_text(), what="rewritten")
+
+    try:
+        run([KubeletStaticPodController(paths=paths, pods_url=CLOSED_URL)], body)
+    finally:
+        listener.close()
