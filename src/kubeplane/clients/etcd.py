@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import ssl
-import tempfile
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Collection, Sequence
 from typing import IO, Any, Literal
@@ -102,18 +101,25 @@ _TRANSIENT_MESSAGES = (
 def tls_context(*, ca: bytes, cert: bytes, key: bytes) -> ssl.SSLContext:
     """An SSL context that trusts ``ca`` and presents ``cert``/``key`` (all PEM bytes).
 
-    :mod:`ssl` loads client certificates only from files, so the pair goes through a private
-    temporary directory that is removed before this returns.
+    :mod:`ssl` loads client certificates only from files, so the pair goes through two anonymous
+    memory files (``memfd_create``), read through ``/proc/self/fd``: nothing reaches a file
+    system, and nothing is left behind even when the process is killed meanwhile (a temporary
+    directory was, with the private key in it).
     """
     context = ssl.create_default_context(cadata=ca.decode())
-    with tempfile.TemporaryDirectory(prefix="kubeplane-etcd-") as directory:
-        cert_path = os.path.join(directory, "client.crt")
-        key_path = os.path.join(directory, "client.key")
-        for path, data in ((cert_path, cert), (key_path, key)):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-        context.load_cert_chain(cert_path, key_path)
+    descriptors = []
+    try:
+        for name, data in (("etcd-client.crt", cert), ("etcd-client.key", key)):
+            fd = os.memfd_create(name, os.MFD_CLOEXEC)
+            descriptors.append(fd)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        cert_fd, key_fd = descriptors
+        context.load_cert_chain(f"/proc/self/fd/{cert_fd}", f"/proc/self/fd/{key_fd}")
+    finally:
+        for fd in descriptors:
+            os.close(fd)
     return context
 
 

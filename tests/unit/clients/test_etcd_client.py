@@ -7,7 +7,9 @@ import base64
 import contextlib
 import io
 import json
+import os
 import ssl
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from kubeplane import pki
 from kubeplane.clients import errors
 from kubeplane.clients import etcd as etcd_client
 
@@ -513,3 +516,19 @@ def test_a_lease_block_that_ends_normally_keeps_no_refresher() -> None:
     lease_id, sent = call(lease_handler(lambda: httpx.Response(500)), action)
     assert lease_id == 4660
     assert [path for path, _ in sent] == ["/v3/lease/grant", "/v3/lease/revoke"]
+
+
+def test_tls_context_loads_the_pair_without_a_file_or_a_leaked_descriptor() -> None:
+    # The pair goes through anonymous memory files: a process killed meanwhile leaves no private
+    # key behind in the temporary directory (a temporary directory did).
+    ca = pki.new_ca("etcd-ca")
+    pair = pki.issue(ca=ca, common_name="client", usages=("client",))
+    temporary = set(os.listdir(tempfile.gettempdir()))
+    descriptors = set(os.listdir("/proc/self/fd"))
+    context = etcd_client.tls_context(ca=ca.cert, cert=pair.cert, key=pair.key)
+    assert isinstance(context, ssl.SSLContext)
+    assert set(os.listdir(tempfile.gettempdir())) == temporary
+    assert set(os.listdir("/proc/self/fd")) == descriptors
+    with pytest.raises(ssl.SSLError):
+        etcd_client.tls_context(ca=ca.cert, cert=pair.cert, key=pki.issue(ca=ca, common_name="x").key)
+    assert set(os.listdir("/proc/self/fd")) == descriptors
