@@ -603,7 +603,7 @@ class Converter:
         """Once no pod of ``component``'s DaemonSet is left anywhere, make sure the DaemonSet is
         gone. Deleted with ``Orphan``, it waits for the garbage collector to release its pods,
         and that collector runs in kube-controller-manager, restarted as a static pod just before
-        and slow to start: deleting it again with the default propagation drops that wait (there
+        and slow to start: deleting it again with ``Background`` propagation drops that wait (there
         is nothing left to orphan)."""
         pods = await self._retry(self.env.system_pods, what="listing the kube-system pods")
         if any(_is_daemonset_pod(p, component) for p in pods):
