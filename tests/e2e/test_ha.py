@@ -110,7 +110,9 @@ class ReadyzPoller:
             response = connection.getresponse()
             body = response.read().decode(errors="replace")
             if response.status != 200:
-                raise RuntimeError(f"HTTP {response.status}: {body[:200]}")
+                # The failing checks ("[-]...") name why; the passing ones before them do not.
+                failing = [line for line in body.splitlines() if line.startswith("[-]")]
+                raise RuntimeError(f"HTTP {response.status}: {'; '.join(failing) or body[:200]}")
         finally:
             connection.close()
 
