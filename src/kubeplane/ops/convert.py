@@ -23,12 +23,15 @@ Follows REFERENCE.md §4 with the original's messages, as a :class:`kubeplane.pl
    crash-looping), then remove the key; skipped when the node no longer reports a self-hosted
    control plane, no prompt when those DaemonSets are already gone (a run told yes deleted them);
 5. ``hand over`` kube-apiserver node by node, so the API never goes away: wait for the static
-   (mirror) pods of every component, delete the DaemonSet leaving its pods (``Orphan``), then
-   for each control plane node in turn take it out of the load balancer's rotation (when
-   another API server serves; :func:`kubeplane.ops.upgrader.out_of_rotation`, as ``upgrade-k8s``
-   does), delete its old pod gracefully (the API server finishes what it serves), start its
-   static pod (restarting the kubelet if the pod sits in crash-loop back-off), wait until it is
-   Ready and put the node back;
+   (mirror) pods of kube-controller-manager and kube-scheduler and for the node's agent to have
+   rendered its kube-apiserver static pod (the agent writes its file only once the old pod has
+   freed the port), delete the DaemonSet leaving its pods (``Orphan``), then for each control
+   plane node in turn take it out of the load balancer's rotation (when another API server
+   serves; :func:`kubeplane.ops.upgrader.out_of_rotation`, as ``upgrade-k8s`` does), delete its
+   old pod gracefully (the API server finishes what it serves), let its static pod start
+   (restarting the kubelet only if the pod sits in crash-loop back-off), wait until it is Ready
+   and put the node back; once no old pod is left, delete the DaemonSet again with
+   ``Background`` (:meth:`Converter.finish_orphaning`);
 6. ``replace`` kube-controller-manager and kube-scheduler: their DaemonSets and pods (if a run
    that did not delete them first is resumed) deleted, not left to the garbage collector (see
    :meth:`Converter.remove_daemonset_pods`); wait for the static pods Ready.

@@ -156,8 +156,9 @@ class KubeletStaticPodController:
         probe = _readiness_probe(pod)
         if probe is None:
             return False
+        _, host, port, _ = probe
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(probe[1], probe[2]), READY_RECHECK)
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), READY_RECHECK)
         except (OSError, TimeoutError):
             return False
         writer.close()
