@@ -16,12 +16,18 @@ an API server that is still bootstrapping its RBAC policy, kube-controller-manag
 ("extension-apiserver-authentication is forbidden") and sits out the kubelet's crash-loop back-off
 (10 s, then 20 s): on a new cluster that was most of the half-minute before the worker's kubelet
 got its certificate. A file already there (an upgrade, an agent restart) is rewritten at once.
+The wait only orders start-up, it must never keep a control plane down: each check allows
+``ready_timeout`` seconds (a loaded machine's API server answers slowly), and after ``hold_limit``
+seconds of waiting the files are written anyway, with a warning, and the kubelet's back-off
+takes over as before.
 
 Likewise kube-apiserver's file, when it does not exist yet, waits while something else accepts
 connections on its port: a self-hosted control plane's DaemonSet pod, which ``convert-k8s``
 replaces node by node. Written next to it, the static pod would crash-loop on the port and sit out
 a back-off of up to 5 min once the port is free; held back, it starts within a second of the old
 pod closing its listener.
+This wait has no limit: while another process holds the port, the static pod could not serve
+anyway.
 
 All files are removed while the control plane is self-hosted (``BootstrapStatuses`` says so) or
 when the secrets status is gone; without any BootstrapStatus yet nothing is written or removed,
@@ -36,6 +42,7 @@ up yet is normal during boot: it is logged at debug level and the last statuses 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +63,12 @@ AFTER_APISERVER = ("kube-controller-manager", "kube-scheduler")
 APISERVER = "kube-apiserver"
 #: How often the API server's readiness is checked while a pod is held back (seconds).
 READY_RECHECK = 1.0
+#: How long one readiness or port check may take (seconds): the kubelet allows this pod's probe
+#: 15 s; a check here blocks the controller's other files, so it gets less.
+READY_TIMEOUT = 5.0
+#: How long kube-controller-manager and kube-scheduler wait for a ready API server at most
+#: (seconds) before they are written anyway.
+HOLD_LIMIT = 60.0
 
 
 def manifest_name(static_pod_id: str) -> str:
@@ -81,17 +94,23 @@ class KubeletStaticPodController:
         pods_url: str = DEFAULT_PODS_URL,
         poll_interval: float = 15.0,
         timeout: float = 5.0,
+        ready_timeout: float = READY_TIMEOUT,
+        hold_limit: float = HOLD_LIMIT,
     ) -> None:
         self.directory = paths.kubelet_manifests
         self.pods_url = pods_url
         self.poll_interval = poll_interval
         self.timeout = timeout
+        self.ready_timeout = ready_timeout
+        self.hold_limit = hold_limit
         # Made once: building a client loads CA certificates, which blocks the event loop for tens
         # of milliseconds — every 15 s, and in front of static pod writes queued behind a poll.
         self._http: httpx.AsyncClient | None = None
         self._probe: httpx.AsyncClient | None = None
         #: Static pods held back at the last reconcile, and why.
         self._holding: dict[str, str] = {}
+        #: When the current wait for a ready API server began (monotonic seconds), while there is one.
+        self._waiting_since: float | None = None
 
     async def reconcile(self, ctx: ReconcileContext) -> None:
         ctx.requeue_after(self.poll_interval)
@@ -137,7 +156,19 @@ class KubeletStaticPodController:
             held[APISERVER] = "another kube-apiserver holds its port"
         later = [pod_id for pod_id in AFTER_APISERVER if pod_id in new]
         if later and APISERVER in pods and not await self._apiserver_ready(pods[APISERVER]):
-            held.update((pod_id, "kube-apiserver is not ready") for pod_id in later)
+            now = time.monotonic()
+            if self._waiting_since is None:
+                self._waiting_since = now
+            if now - self._waiting_since < self.hold_limit:
+                held.update((pod_id, "kube-apiserver is not ready") for pod_id in later)
+            elif any(pod_id in self._holding for pod_id in later):  # said once
+                ctx.logger.warning(
+                    "kube-apiserver not ready after %.0f s; writing %s anyway",
+                    self.hold_limit,
+                    " and ".join(later),
+                )
+        else:
+            self._waiting_since = None
         for pod_id, reason in held.items():
             del wanted[manifest_name(pod_id)]
             if self._holding.get(pod_id) != reason:  # said once, not every second
@@ -158,7 +189,7 @@ class KubeletStaticPodController:
             return False
         _, host, port, _ = probe
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), READY_RECHECK)
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), self.ready_timeout)
         except (OSError, TimeoutError):
             return False
         writer.close()
@@ -174,7 +205,7 @@ class KubeletStaticPodController:
         if self._probe is None:
             # What the kubelet's HTTPS probes do: no certificate check. The answer only decides
             # when a file is written; nothing read from it is trusted.
-            self._probe = httpx.AsyncClient(verify=False, timeout=READY_RECHECK)  # noqa: S501
+            self._probe = httpx.AsyncClient(verify=False, timeout=self.ready_timeout)  # noqa: S501
         try:
             response = await self._probe.get(url)
         except httpx.HTTPError:

@@ -307,6 +307,35 @@ def test_controller_manager_and_scheduler_wait_for_a_ready_api_server(
     run([KubeletStaticPodController(paths=paths, pods_url=CLOSED_URL)], body)
 
 
+def test_controller_manager_and_scheduler_wait_for_the_api_server_at_most_the_hold_limit(
+    paths: NodePaths, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The wait orders start-up; an API server that never answers (a loaded machine, a broken
+    # flag) must not keep the other two components from starting.
+    manifests = paths.kubelet_manifests
+    held = [
+        manifests / f"kubeplane-{component}.yaml" for component in (files.CONTROLLER_MANAGER, files.SCHEDULER)
+    ]
+
+    async def body(state: State) -> None:
+        publish_bootstrap_status(state, self_hosted=False)
+        publish_secret_status(state, ready=True)
+        put(state, *PODS, files.APISERVER, _probed_pod(files.APISERVER, CLOSED_URL + "/readyz"))
+        put(state, *PODS, files.CONTROLLER_MANAGER, _pod(files.CONTROLLER_MANAGER))
+        put(state, *PODS, files.SCHEDULER, _pod(files.SCHEDULER))
+        started = time.monotonic()
+        await eventually(lambda: all(path.exists() for path in held), what="held pods written")
+        assert time.monotonic() - started >= 2.0, "written before the hold limit"
+
+    with caplog.at_level("WARNING", logger="controller-runtime"):
+        run([KubeletStaticPodController(paths=paths, pods_url=CLOSED_URL, hold_limit=2.0)], body)
+    warnings = [r.getMessage() for r in caplog.records if "not ready after" in r.getMessage()]
+    assert warnings == [
+        "k8s.KubeletStaticPodController: kube-apiserver not ready after 2 s;"
+        " writing kube-controller-manager and kube-scheduler anyway"
+    ]
+
+
 def test_api_server_waits_while_another_holds_its_port(paths: NodePaths) -> None:
     # A self-hosted control plane's DaemonSet pod serving the port (convert-k8s replaces it):
     # written next to it, the static pod would crash-loop into a long back-off.
