@@ -293,8 +293,10 @@ def _cluster(
             str(workers),
             "--kubernetes-version",
             KUBERNETES_VERSION,
+            # A deadline, not a figure: a 3-node cluster is healthy in about 2 min beside the rest
+            # of the suite here, and a CI machine once ran such work 2.3 times slower.
             "--wait-timeout",
-            "5m",
+            "10m",
             *extra_args,
             timeout=CREATE_TIMEOUT,
         )
