@@ -45,7 +45,12 @@ class Model(BaseModel):
     """Base of every config model: document field names, no unknown keys, no silent coercion."""
 
     model_config = ConfigDict(
-        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True, strict=False
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+        strict=False,
+        defer_build=True,
     )
 
 
