@@ -48,8 +48,6 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from kubeplane import config, metrics, pki, retry
 from kubeplane.api import trustd
 from kubeplane.clients import errors as client_errors
@@ -366,6 +364,8 @@ class EtcdMember:
         HTTP answer counts, from a server whose certificate this node may not trust yet and
         without credentials (a 401 says just as well that a cluster is there).
         """
+        import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
+
         endpoint = self.document.model.cluster.control_plane.endpoint.rstrip("/")
         try:
             async with httpx.AsyncClient(verify=False, timeout=_PROBE_TIMEOUT) as http:  # noqa: S501

@@ -63,7 +63,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 from kubeplane import config, fileio, pki, resources
@@ -721,6 +720,8 @@ class NodeServices:
     async def _wait_for_endpoint(self, endpoint: str, ca: bytes) -> None:
         """Until ``endpoint`` answers HTTPS (any status: the kubelet authenticates itself) or
         refuses our CA (the kubelet's log then says so), at most :data:`BOOTSTRAP_WAIT` seconds."""
+        import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
+
         url = f"{endpoint.rstrip('/')}/version"
         context = ssl.create_default_context(cadata=ca.decode())
         deadline = asyncio.get_running_loop().time() + BOOTSTRAP_WAIT
@@ -752,6 +753,8 @@ class NodeServices:
         return process.Command([str(self.kubelet_binary()), *self.kubelet_args()], env=self.environment())
 
     async def _kubelet_health(self) -> None:
+        import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
+
         async with httpx.AsyncClient(timeout=2.0) as http:
             response = await http.get(HEALTHZ_URL)
         if response.status_code != 200:

@@ -39,12 +39,13 @@ import os
 import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Collection, Sequence
-from typing import IO, Any, Literal
-
-import httpx
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from kubeplane import guard
 from kubeplane.clients import errors
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -356,6 +357,8 @@ class EtcdClient:
         timeout: float = DEFAULT_TIMEOUT,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
+
         if not endpoints:
             raise ValueError("EtcdClient needs at least one endpoint URL, e.g. https://127.0.0.1:2379")
         self.endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
@@ -400,6 +403,8 @@ class EtcdClient:
         self, path: str, body: dict[str, Any], *, endpoint: str | None, timeout: float | None
     ) -> AsyncIterator[tuple[str, httpx.Response]]:
         """Open ``path`` on the first endpoint that accepts a connection; raise mapped errors."""
+        import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
+
         failures: list[str] = []
         for url in self._order(endpoint):
             try:
@@ -793,6 +798,8 @@ class _LeaseKeeper:
 
 
 def _describe(exc: httpx.TransportError | ssl.SSLError) -> str:
+    import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
+
     text = str(exc) or type(exc).__name__
     if isinstance(exc, ssl.SSLError):
         # httpx passes a TLS alert that arrives after the handshake through as it is, and with

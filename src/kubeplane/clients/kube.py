@@ -46,13 +46,15 @@ import ssl
 from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import httpx
 import yaml
 
 from kubeplane.clients import errors
 from kubeplane.clients import etcd as etcd_client
+
+if TYPE_CHECKING:
+    import httpx
 
 #: Seconds one request may take unless the client is made with another ``timeout``.
 REQUEST_TIMEOUT = 10.0
@@ -137,6 +139,8 @@ class KubeClient:
         timeout: float = REQUEST_TIMEOUT,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
+
         config = _Kubeconfig.parse(kubeconfig, context=context)
         self.server = config.server
         self._timeout = timeout
@@ -169,6 +173,8 @@ class KubeClient:
 
         With ``stream`` the body is not read yet (the caller reads and closes the response).
         """
+        import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
+
         verb, path = request.method, request.url.path
         try:
             return await self._http.send(request, stream=stream)
@@ -279,6 +285,8 @@ class KubeClient:
         }
         if bookmarks:
             params["allowWatchBookmarks"] = "true"
+        import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
+
         # The stream may be quiet for the whole timeoutSeconds: read for that long, plus slack.
         timeout = httpx.Timeout(self._timeout, read=timeout_seconds + self._timeout)
         request = self._http.build_request("GET", path, params=params, timeout=timeout)

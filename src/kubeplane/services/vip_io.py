@@ -17,8 +17,6 @@ import socket
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from kubeplane.services import machinenet, vip
 
 if TYPE_CHECKING:
@@ -164,10 +162,14 @@ class ApiServerProbe:
     """
 
     def __init__(self, port: int) -> None:
+        import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
+
         self.url = f"https://127.0.0.1:{port}/readyz"
         self._http = httpx.AsyncClient(verify=False)  # noqa: S501 (see the class docstring)
 
     async def __call__(self) -> bool:
+        import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
+
         try:
             response = await self._http.get(self.url)
         except httpx.HTTPError:

@@ -23,15 +23,17 @@ import logging
 import ssl
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import yaml
 
 from kubeplane.controllers import ControllerError
 from kubeplane.controllers.k8s import control_plane, outputs
 from kubeplane.resources import catalog
 from kubeplane.runtime import Input, Output, OutputKind, ReconcileContext
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,8 @@ def parse_documents(text: str, *, source: str) -> list[dict[str, Any]]:
 async def download(client: httpx.AsyncClient, url: str, *, headers: Mapping[str, str]) -> str:
     """The body of ``url``; any failure raises :class:`ManifestSourceError` naming the URL (without
     its credentials)."""
+    import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
+
     shown = control_plane.redact_url(url)
     try:
         response = await client.get(url, headers=dict(headers))
@@ -125,6 +129,8 @@ class ExtraManifestController:
 
         # Off the event loop: loading the bundle takes tens of milliseconds.
         trust = await asyncio.to_thread(machine_trust, self.ca_bundles)
+        import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
+
         async with httpx.AsyncClient(verify=trust, timeout=self.timeout, follow_redirects=True) as client:
 
             async def fetch(entry: Mapping[str, Any]) -> None:

@@ -44,15 +44,16 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from kubeplane import fileio
 from kubeplane.config.paths import NodePaths
 from kubeplane.controllers.k8s import outputs, render
 from kubeplane.resources import Phase, catalog
 from kubeplane.runtime import Input, InputKind, Output, ReconcileContext
+
+if TYPE_CHECKING:
+    import httpx
 
 #: The kubelet's read-only port (the agent starts the kubelet with ``--read-only-port=10255``).
 DEFAULT_PODS_URL = "http://127.0.0.1:10255/pods"
@@ -200,6 +201,8 @@ class KubeletStaticPodController:
         probe = _readiness_probe(pod)
         if probe is None:
             return True  # no probe to wait on: nothing to hold back for
+        import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
+
         scheme, host, port, path = probe
         url = f"{scheme}://{host}:{port}{path}"
         if self._probe is None:
@@ -233,6 +236,8 @@ class KubeletStaticPodController:
     # -- statuses ----------------------------------------------------------------------------
 
     async def _refresh_statuses(self, ctx: ReconcileContext) -> None:
+        import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
+
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=self.timeout)
         try:
