@@ -9,6 +9,7 @@ fixtures after each cluster.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -16,7 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
+from kubeplane.controllers.k8s import kubelet_csr
 from kubeplane.ops import health
 from kubeplane.provision import netns, registry
 
@@ -75,6 +79,27 @@ def test_1cp1w_kubectl_sees_both_nodes_ready(cluster_1cp1w: E2ECluster) -> None:
     nodes = json.loads(result.stdout)["items"]
     assert sorted(n["metadata"]["name"] for n in nodes) == ["e2e1-controlplane-1", "e2e1-worker-1"]
     assert all(_ready(n) for n in nodes), [n["status"]["conditions"] for n in nodes]
+
+
+def test_1cp1w_worker_kubelet_certificate_was_signed_by_a_control_plane_agent(
+    cluster_1cp1w: E2ECluster,
+) -> None:
+    # On a new cluster kube-controller-manager signs nothing for its first 10 s or more; the
+    # control plane node's agent approves and signs the worker's bootstrap request at once.
+    result = cluster_1cp1w.kubectl("get", "csr", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    signed_here = []
+    for item in json.loads(result.stdout)["items"]:
+        spec, status = item["spec"], item.get("status") or {}
+        if spec["signerName"] != kubelet_csr.SIGNER or not spec["username"].startswith("system:bootstrap:"):
+            continue
+        request = x509.load_pem_x509_csr(base64.b64decode(spec["request"]))
+        (common_name,) = request.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        reasons = {c.get("reason") for c in status.get("conditions") or () if c["type"] == "Approved"}
+        if common_name.value == "system:node:e2e1-worker-1" and kubelet_csr.REASON in reasons:
+            assert status.get("certificate"), item["metadata"]["name"]
+            signed_here.append(item["metadata"]["name"])
+    assert signed_here, "no bootstrap CSR of the worker was approved and signed by kubeplane"
 
 
 def test_1cp1w_health_passes(cluster_1cp1w: E2ECluster) -> None:
