@@ -53,8 +53,8 @@ from cryptography.x509.oid import NameOID
 from kubeplane import pki
 from kubeplane.clients import errors as client_errors
 from kubeplane.clients import kube
-from kubeplane.controllers.k8s import manifest_apply
 from kubeplane.controllers.secrets import common, root
+from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
 from kubeplane.resources import catalog
 from kubeplane.runtime import ControllerLogger, Input, Output, ReconcileContext
 
@@ -225,7 +225,9 @@ class KubeletCSRController:
     name = "k8s.KubeletCSRController"
     inputs = (
         Input(catalog.SECRETS_NAMESPACE, catalog.ROOT_SECRETS, root.K8S_ID),
-        Input(catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, manifest_apply.K8S_CERTS_ID),
+        Input(
+            catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, kubernetes_secrets.KUBERNETES_SECRETS_ID
+        ),
     )
     outputs: tuple[Output, ...] = ()  # it writes to the API server only
 
@@ -262,7 +264,10 @@ class KubeletCSRController:
     def _read_settings(ctx: ReconcileContext) -> _Settings | None:
         secrets = common.running_spec(ctx, catalog.SECRETS_NAMESPACE, catalog.ROOT_SECRETS, root.K8S_ID)
         certs = common.running_spec(
-            ctx, catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, manifest_apply.K8S_CERTS_ID
+            ctx,
+            catalog.SECRETS_NAMESPACE,
+            catalog.KUBERNETES_SECRETS,
+            kubernetes_secrets.KUBERNETES_SECRETS_ID,
         )
         if secrets is None or certs is None or not certs.get("localAdminKubeconfig"):
             return None

@@ -7,6 +7,7 @@ import json
 import logging
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -276,23 +277,33 @@ def _probed_pod(name: str, url: str) -> catalog.StaticPodSpec:
     )
 
 
+def _later_files(paths: NodePaths) -> list[Path]:
+    """The kube-controller-manager and kube-scheduler files, which wait for the API server."""
+    return [
+        paths.kubelet_manifests / f"kubeplane-{component}.yaml"
+        for component in (files.CONTROLLER_MANAGER, files.SCHEDULER)
+    ]
+
+
+def _publish_plane_with_a_silent_api_server(state: State) -> None:
+    """A control plane whose kube-apiserver's readiness probe finds nothing listening."""
+    publish_bootstrap_status(state, self_hosted=False)
+    publish_secret_status(state, ready=True)
+    put(state, *PODS, files.APISERVER, _probed_pod(files.APISERVER, CLOSED_URL + "/readyz"))
+    put(state, *PODS, files.CONTROLLER_MANAGER, _pod(files.CONTROLLER_MANAGER))
+    put(state, *PODS, files.SCHEDULER, _pod(files.SCHEDULER))
+
+
 def test_controller_manager_and_scheduler_wait_for_a_ready_api_server(
     paths: NodePaths, local_server: LocalServer
 ) -> None:
-    manifests = paths.kubelet_manifests
-    apiserver_file = manifests / "kubeplane-kube-apiserver.yaml"
-    held = [
-        manifests / f"kubeplane-{component}.yaml" for component in (files.CONTROLLER_MANAGER, files.SCHEDULER)
-    ]
+    apiserver_file = paths.kubelet_manifests / "kubeplane-kube-apiserver.yaml"
+    held = _later_files(paths)
     ready_url = local_server.serve("/readyz", b"ok")
 
     async def body(state: State) -> None:
-        publish_bootstrap_status(state, self_hosted=False)
-        publish_secret_status(state, ready=True)
         # An API server that does not answer: its own file is written, the other two wait.
-        put(state, *PODS, files.APISERVER, _probed_pod(files.APISERVER, CLOSED_URL + "/readyz"))
-        put(state, *PODS, files.CONTROLLER_MANAGER, _pod(files.CONTROLLER_MANAGER))
-        put(state, *PODS, files.SCHEDULER, _pod(files.SCHEDULER))
+        _publish_plane_with_a_silent_api_server(state)
         await eventually(apiserver_file.exists, what="apiserver file")
         await asyncio.sleep(2.5)  # more than two rechecks
         assert not any(path.exists() for path in held), "written before the API server was ready"
@@ -312,17 +323,10 @@ def test_controller_manager_and_scheduler_wait_for_the_api_server_at_most_the_ho
 ) -> None:
     # The wait orders start-up; an API server that never answers (a loaded machine, a broken
     # flag) must not keep the other two components from starting.
-    manifests = paths.kubelet_manifests
-    held = [
-        manifests / f"kubeplane-{component}.yaml" for component in (files.CONTROLLER_MANAGER, files.SCHEDULER)
-    ]
+    held = _later_files(paths)
 
     async def body(state: State) -> None:
-        publish_bootstrap_status(state, self_hosted=False)
-        publish_secret_status(state, ready=True)
-        put(state, *PODS, files.APISERVER, _probed_pod(files.APISERVER, CLOSED_URL + "/readyz"))
-        put(state, *PODS, files.CONTROLLER_MANAGER, _pod(files.CONTROLLER_MANAGER))
-        put(state, *PODS, files.SCHEDULER, _pod(files.SCHEDULER))
+        _publish_plane_with_a_silent_api_server(state)
         started = time.monotonic()
         await eventually(lambda: all(path.exists() for path in held), what="held pods written")
         assert time.monotonic() - started >= 2.0, "written before the hold limit"
