@@ -112,6 +112,15 @@ def test_anything_else_is_left_to_kube_controller_manager(changes: dict[str, Any
     assert reason in checked
 
 
+def test_a_request_whose_signature_does_not_verify_is_left_alone() -> None:
+    # Someone else's public key under a forged subject: the last byte of the signature changed.
+    der = bytearray(x509.load_pem_x509_csr(request_pem()).public_bytes(serialization.Encoding.DER))
+    der[-1] ^= 0xFF
+    forged = x509.load_der_x509_csr(bytes(der)).public_bytes(serialization.Encoding.PEM)
+    checked = kubelet_csr.bootstrap_request(csr(request=base64.b64encode(forged).decode()))
+    assert checked == "the request's signature does not verify"
+
+
 def test_a_request_approved_here_but_not_signed_is_signed() -> None:
     approved = csr(conditions=[{"type": "Approved", "status": "True", "reason": kubelet_csr.REASON}])
     assert isinstance(kubelet_csr.bootstrap_request(approved), kubelet_csr.BootstrapRequest)
