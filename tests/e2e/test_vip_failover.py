@@ -209,6 +209,15 @@ def wait_owner(cluster: E2ECluster, nodes: list[state.NodeState], *, timeout: fl
     return found[0]
 
 
+def holder_changes(samples: list[Sample], since: float) -> list[tuple[float, list[str]]]:
+    """When (seconds after ``since``) the holders seen from the host changed, and to whom."""
+    changes: list[tuple[float, list[str]]] = []
+    for sample in samples:
+        if sample.at >= since and (not changes or changes[-1][1] != sorted(sample.holders)):
+            changes.append((round(sample.at - since, 2), sorted(sample.holders)))
+    return changes
+
+
 def api_answers(cluster: E2ECluster, *, timeout: float = 60) -> float:
     """Ask the API through the VIP until it answers; when it did (monotonic)."""
     core = k8s_client.CoreV1Api(api_client(cluster.kubeconfig, retries=False))
@@ -303,7 +312,19 @@ def test_the_vip_is_the_endpoint_and_moves_on_every_loss(vip_cluster: E2ECluster
                 after=moved.at,
                 timeout=5,
             )
-            assert wait_owner(cluster, others, timeout=30) == new_owner
+
+            def moved_again(when: str) -> str:
+                # What a failure here needs: who held it when, and why each node says so.
+                try:
+                    seen: object = vip_statuses(cluster, nodes)
+                except Exception as exc:  # the message must not hide the failure
+                    seen = exc
+                return (
+                    f"the VIP moved again {when}: holders seen from the host, by seconds after the "
+                    f"loss: {holder_changes(watch.samples, lost_at)}; as the nodes see it: {seen}"
+                )
+
+            assert wait_owner(cluster, others, timeout=30) == new_owner, moved_again("after the failover")
             time.sleep(max(0.0, answered + IN_FLIGHT - time.monotonic()))
             window_end = len(poller.failures)
             failovers.append(
@@ -319,7 +340,9 @@ def test_the_vip_is_the_endpoint_and_moves_on_every_loss(vip_cluster: E2ECluster
             print(f"{kind}: {failovers[-1]}")
             restore(lost)
             # Back as a follower: its own API server answers and it sees the new owner.
-            assert wait_owner(cluster, nodes, timeout=300) == new_owner
+            assert wait_owner(cluster, nodes, timeout=300) == new_owner, moved_again(
+                f"while {lost.name} came back"
+            )
             owner = new_owner
             if kind == "link down":
                 # A member cut off kept campaigning in etcd (v3.4 runs without pre-vote), so its

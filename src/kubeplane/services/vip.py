@@ -11,15 +11,23 @@ adds the address (``/32``; ``/128`` for IPv6) to the configured link, marked wit
 seconds that it renews on every tick, and announces it with gratuitous ARP. The others watch
 the key and try again as soon as it is gone.
 
-There are never two owners because a holder gives the address up *before* anyone else can take
-the key: :class:`Tenure` keeps the instant until which the lease is certainly alive in etcd (the
-send time of the last keep-alive that got through, plus the TTL etcd returned, minus
-:attr:`Timing.margin`), and the holder lets go as soon as the address's remaining lifetime would
-outlast it. The kernel enforces the same bound on its own: an agent that is SIGKILLed or hangs
-stops renewing the address, and the kernel deletes it when its lifetime runs out, which is before
-etcd expires the lease. A holder also lets go at once when etcd says its lease is gone, when its
-local kube-apiserver failed :attr:`Timing.unhealthy_after` health checks in a row, and when the
-agent stops (then it revokes its lease too, so the next node takes over within one round trip).
+There are never two owners because a holder's address is gone *before* anyone else can take the
+key: :class:`Tenure` keeps the instant until which the lease is certainly alive in etcd (the send
+time of the last keep-alive that got through, plus the TTL etcd returned, minus
+:attr:`Timing.margin`), and the holder renews the address only while its new lifetime ends before
+that instant (:meth:`Tenure.may_renew`). The kernel deletes an address that is not renewed when
+its lifetime runs out, so the same bound holds for an agent that is SIGKILLed or hangs.
+
+A keep-alive that is late does not end the tenure, only the renewals: the address lapses, the key
+stays this node's, and the next keep-alive that gets through proves the lease alive and puts the
+address back (announced again). That is what an etcd leader election looks like from a holder
+(every write waits for the new leader, which extends every lease by its TTL), and moving the VIP
+then would cost clients a failover for nothing. A holder cut off from etcd's quorum loses its
+lease on the other side instead, and the next node takes the key once it expired there, after
+the address has lapsed here. The holder lets go (removes the address, revokes the lease) when
+etcd says its lease is gone, when its local kube-apiserver failed :attr:`Timing.unhealthy_after`
+health checks in a row, and when the agent stops (so the next node takes over within one round
+trip).
 """
 
 from __future__ import annotations
@@ -112,14 +120,17 @@ class Tenure:
         """The outcome of one check of the local kube-apiserver."""
         self.failed_checks = 0 if ok else self.failed_checks + 1
 
-    def verdict(self, now: float) -> str | None:
-        """Why the holder must give the VIP up at ``now``, or None while it may keep (and renew) it."""
+    def may_renew(self, now: float) -> bool:
+        """Whether the address may be renewed at ``now``: its new lifetime ends while the lease is
+        certainly alive (a late keep-alive lets it lapse until the next one gets through)."""
+        return now + self.timing.lifetime <= self.safe_until
+
+    def verdict(self) -> str | None:
+        """Why the holder must give the VIP up, or None while it may keep the key."""
         if self.lease_gone:
             return "etcd says the lease is gone"
         if self.failed_checks >= self.timing.unhealthy_after:
             return f"the local kube-apiserver failed {self.failed_checks} health checks in a row"
-        if now + self.timing.lifetime > self.safe_until:
-            return "no lease keep-alive got through in time (etcd unreachable or without quorum)"
         return None
 
 

@@ -13,9 +13,11 @@ One :meth:`Election.run` loop per VIP:
    look at the health again), renewing the lease every tick, and campaign again. A key holding
    this node's own name is a leftover of this agent's previous run (it stopped without
    revoking): it is deleted and the campaign repeated;
-3. won: every tick renew the address and its lifetime, send the first gratuitous ARPs, and at
-   the same time renew the lease and check the kube-apiserver; give up as soon as
-   :meth:`~kubeplane.services.vip.Tenure.verdict` says so;
+3. won: every tick renew the address and its lifetime while
+   :meth:`~kubeplane.services.vip.Tenure.may_renew` allows (after a late keep-alive the address
+   lapses, and comes back, announced anew, with the next one that gets through), send the first
+   gratuitous ARPs, and at the same time renew the lease and check the kube-apiserver; give up
+   as soon as :meth:`~kubeplane.services.vip.Tenure.verdict` says so;
 4. give up: remove the address first, then revoke the lease (which deletes the key, so the
    others' watches fire at once), and start over.
 
@@ -245,22 +247,34 @@ class Election:
             return
 
     async def _renew(self, tenure: vip.Tenure, lease_id: int) -> str:
-        announcements = self.timing.announcements
+        timing = self.timing
+        announcements = 0
+        #: When the address renewed last runs out (the kernel removes it then).
+        address_until = 0.0
         while True:
-            reason = tenure.verdict(self.clock())
+            reason = tenure.verdict()
             if reason is not None:
                 return reason
-            await _to_the_end(functools.partial(self.network.hold, self.address, self.timing.lifetime))
-            if announcements > 0:
-                announcements -= 1
-                await _to_the_end(functools.partial(self.network.announce, self.address))
-            if not self.status.held:
-                log.info("took %s on %s", self.address.cidr, self.address.link)
-                self._set(Status(owner=self.node, held=True, reason="elected"))
-            next_tick = self.clock() + self.timing.tick
-            await asyncio.sleep(
-                max(0.0, min(next_tick, tenure.safe_until - self.timing.lifetime) - self.clock())
-            )
+            now = self.clock()
+            if tenure.may_renew(now):
+                if now >= address_until:  # new, or it lapsed: neighbours may have lost our MAC
+                    announcements = timing.announcements
+                await _to_the_end(functools.partial(self.network.hold, self.address, timing.lifetime))
+                address_until = now + timing.lifetime
+                if announcements > 0:
+                    announcements -= 1
+                    await _to_the_end(functools.partial(self.network.announce, self.address))
+                if not self.status.held:
+                    log.info("took %s on %s", self.address.cidr, self.address.link)
+                    self._set(Status(owner=self.node, held=True, reason="elected"))
+            elif self.status.held:
+                late = "no lease keep-alive got through in time (etcd electing a leader, or unreachable)"
+                log.warning("%s: %s lapses until one does", late, self.address.cidr)
+                self._set(Status(owner=self.node, reason=f"{late}: the address lapses until one does"))
+            wake = self.clock() + timing.tick
+            if tenure.may_renew(self.clock()):  # keep it alive before the renewals must stop
+                wake = min(wake, tenure.safe_until - timing.lifetime)
+            await asyncio.sleep(max(0.0, wake - self.clock()))
             sent = self.clock()
             renewed, healthy = await asyncio.gather(self._keepalive(lease_id), self._check())
             if renewed == 0:

@@ -153,18 +153,22 @@ def _setns(fd: int) -> None:
 
 
 class ApiServerProbe:
-    """Whether the node's own kube-apiserver answers ``/readyz`` on ``https://127.0.0.1:<port>``.
+    """Whether the node's own kube-apiserver answers ``/readyz?exclude=etcd`` on
+    ``https://127.0.0.1:<port>``.
 
-    ``/readyz`` rather than ``/livez``: a server that is shutting down, or has lost etcd, says
-    so there first, and that is exactly when clients should go elsewhere. The check sends no
-    credential (``/readyz`` is public) and trusts nothing but the status code, so the server's
-    certificate is not verified.
+    ``/readyz`` rather than ``/livez``: a server that is shutting down says so there first, and
+    that is exactly when clients should go elsewhere. Its ``etcd`` check is left out: the server
+    talks to the node's own etcd member, whose health the holder's lease keep-alives already
+    prove (:mod:`kubeplane.services.vip`), and while etcd elects a leader that check fails (or
+    takes up to 2 s) on every node at once, so counting it would move the VIP for nothing. The
+    check sends no credential (``/readyz`` is public) and trusts nothing but the status code, so
+    the server's certificate is not verified.
     """
 
     def __init__(self, port: int) -> None:
         import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
 
-        self.url = f"https://127.0.0.1:{port}/readyz"
+        self.url = f"https://127.0.0.1:{port}/readyz?exclude=etcd"
         self._http = httpx.AsyncClient(verify=False)  # noqa: S501 (see the class docstring)
 
     async def __call__(self) -> bool:

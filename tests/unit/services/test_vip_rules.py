@@ -9,6 +9,7 @@ import base64
 import json
 import socket
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -17,7 +18,7 @@ import pytest
 from kubeplane.clients import errors
 from kubeplane.clients import etcd as etcd_client
 from kubeplane.config import models
-from kubeplane.services import machinenet, vip, vip_election
+from kubeplane.services import machinenet, vip, vip_election, vip_io
 
 pytestmark = pytest.mark.unit
 
@@ -47,26 +48,30 @@ def test_key_is_under_the_agents_prefix() -> None:
     assert vip.key("10.5.0.100") == b"kubeplane:v1:vip:10.5.0.100"
 
 
-def test_tenure_holds_while_keepalives_arrive_in_time() -> None:
+def test_tenure_renews_while_keepalives_arrive_in_time() -> None:
     tenure = vip.Tenure(TIMING, granted_at=100.0, ttl=2)
     assert tenure.safe_until == 101.5
-    assert tenure.verdict(100.0) is None
-    assert tenure.verdict(100.5) is None  # the address renewed now ends at 101.5, with the lease safe
+    assert tenure.may_renew(100.0)
+    assert tenure.may_renew(100.5)  # the address renewed now ends at 101.5, with the lease safe
     for sent in (100.5, 101.0, 101.5):
         tenure.keepalive(sent=sent, ttl=2)
         tenure.health(True)
-        assert tenure.verdict(sent + 0.1) is None
+        assert tenure.may_renew(sent + 0.1) and tenure.verdict() is None
 
 
-def test_tenure_lets_go_before_the_lease_could_expire_when_keepalives_stop() -> None:
+def test_a_late_keepalive_stops_the_renewals_but_not_the_tenure() -> None:
     tenure = vip.Tenure(TIMING, granted_at=100.0, ttl=2)
     tenure.keepalive(sent=100.5, ttl=2)  # safe until 102.0
-    assert tenure.verdict(101.0) is None
-    reason = tenure.verdict(101.01)
-    assert reason is not None and "keep-alive" in reason
-    # Whenever it lets go, the address it renewed last (lifetime 1 s) is gone before etcd may
-    # expire the lease (100.5 + 2 s, minus nothing).
+    assert tenure.may_renew(101.0)
+    assert not tenure.may_renew(101.01)
+    # The address renewed last (lifetime 1 s) is gone before etcd may expire the lease (100.5 +
+    # 2 s): nobody else can take the key while it is still on this node.
     assert 101.0 + TIMING.lifetime <= 100.5 + 2 - TIMING.margin
+    # Late is not lost: an etcd leader election delays keep-alives, and the new leader extends
+    # every lease, so the key stays this node's and the next keep-alive resumes the renewals.
+    assert tenure.verdict() is None
+    tenure.keepalive(sent=103.0, ttl=2)
+    assert tenure.may_renew(103.1) and tenure.verdict() is None
 
 
 def test_an_old_keepalive_answer_never_moves_the_deadline_back() -> None:
@@ -79,18 +84,18 @@ def test_an_old_keepalive_answer_never_moves_the_deadline_back() -> None:
 def test_tenure_lets_go_at_once_when_the_lease_is_gone() -> None:
     tenure = vip.Tenure(TIMING, granted_at=100.0, ttl=2)
     tenure.lost()
-    assert tenure.verdict(100.1) == "etcd says the lease is gone"
+    assert tenure.verdict() == "etcd says the lease is gone"
 
 
 def test_tenure_lets_go_after_failed_health_checks_in_a_row_only() -> None:
     tenure = vip.Tenure(TIMING, granted_at=100.0, ttl=2)
     tenure.health(False)
-    assert tenure.verdict(100.1) is None  # one slow answer is forgiven
+    assert tenure.verdict() is None  # one slow answer is forgiven
     tenure.health(True)
     tenure.health(False)
-    assert tenure.verdict(100.1) is None
+    assert tenure.verdict() is None
     tenure.health(False)
-    reason = tenure.verdict(100.1)
+    reason = tenure.verdict()
     assert reason is not None and "kube-apiserver" in reason
 
 
@@ -362,3 +367,109 @@ def test_a_waiting_node_campaigns_with_one_standing_lease() -> None:
     asyncio.run(scenario())
     assert etcd.grants == 1 and set(etcd.creates) == {11}, (etcd.grants, etcd.creates)
     assert etcd.revoked == [11], "the tenure's lease is revoked when the VIP is given up"
+
+
+class _ElectingEtcd(_WinningEtcd):
+    """Wins the key; keep-alives fail (no leader) while ``electing`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.electing = False
+
+    async def lease_keepalive(self, lease_id: int, *, timeout: float) -> int:
+        if self.electing:
+            raise errors.EtcdUnavailable("etcdserver: no leader")
+        return 2
+
+
+class _TimedNetwork:
+    """Records every call to the VIP network with its time."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float]] = []
+
+    def hold(self, address: vip.Vip, lifetime: int) -> None:
+        self.calls.append(("hold", time.monotonic()))
+
+    def release(self, address: vip.Vip) -> bool:
+        self.calls.append(("release", time.monotonic()))
+        return False
+
+    def announce(self, address: vip.Vip) -> None:
+        self.calls.append(("announce", time.monotonic()))
+
+
+def test_an_etcd_leader_election_lets_the_address_lapse_but_keeps_the_vip_here() -> None:
+    # While etcd elects a leader no keep-alive gets through: the holder stops renewing the address
+    # before a renewal could outlast the lease, but it keeps the key (the new leader extends every
+    # lease), and the first keep-alive through puts the address back and announces it anew.
+    # Giving the VIP up instead made it move to another node for nothing.
+    network = _TimedNetwork()
+    etcd = _ElectingEtcd()
+    timing = vip.Timing(ttl=2, tick=0.05, lifetime=1, margin=0.5, announcements=2)
+
+    async def scenario() -> tuple[float, float, list[vip_election.Status]]:
+        statuses: list[vip_election.Status] = []
+        election = _election(etcd, network, timing=timing, on_change=statuses.append)
+        task = asyncio.create_task(election.run())
+        async with asyncio.timeout(5):
+            while not election.status.held:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            etcd.electing = True
+            began = time.monotonic()
+            while election.status.held:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(2.0 - (time.monotonic() - began))  # longer than the lease's certain life
+            etcd.electing = False
+            ended = time.monotonic()
+            while not election.status.held:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # the announcements go one per tick
+        assert election.status.owner == "cp1"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return began, ended, statuses
+
+    began, ended, statuses = asyncio.run(scenario())
+    holds = [at for call, at in network.calls if call == "hold"]
+    # The last renewal before the election ends with the lease's certain life (the last
+    # keep-alive through was sent at most one tick before it began).
+    last_before = max(at for at in holds if at < ended)
+    assert last_before + timing.lifetime <= began + timing.ttl - timing.margin
+    assert any(at >= ended for at in holds), "renewed again once a keep-alive got through"
+    announced = [at for call, at in network.calls if call == "announce"]
+    assert len([at for at in announced if at < began]) == 2
+    assert len([at for at in announced if at >= ended]) == 2, "the lapsed address is announced anew"
+    assert [call for call, _ in network.calls].count("release") == 2, "only at start and at the end"
+    assert etcd.revoked == [7], "the lease was revoked only when the election was cancelled"
+    shown = [(s.owner, s.held) for s in statuses]
+    assert shown[-4:] == [("cp1", True), ("cp1", False), ("cp1", True), ("", False)], statuses
+    assert "lapses" in statuses[-3].reason and statuses[-1].reason == "gave it up: stopped"
+
+
+def test_the_health_check_leaves_etcd_to_the_lease() -> None:
+    # The kube-apiserver's etcd check fails on every node at once while etcd elects a leader; the
+    # holder's keep-alives already prove its etcd member, so the probe excludes that check.
+    asked: list[httpx.URL] = []
+    answers = iter([200, 500])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url)
+        status = next(answers, None)
+        if status is None:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(status)
+
+    async def scenario() -> list[bool]:
+        probe = vip_io.ApiServerProbe(6443)
+        await probe.aclose()
+        probe._http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        try:
+            return [await probe(), await probe(), await probe()]
+        finally:
+            await probe.aclose()
+
+    assert asyncio.run(scenario()) == [True, False, False]
+    assert {str(url) for url in asked} == {"https://127.0.0.1:6443/readyz?exclude=etcd"}
