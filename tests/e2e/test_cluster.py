@@ -10,6 +10,7 @@ fixtures after each cluster.
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import os
 import time
@@ -20,6 +21,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+from kubeplane.config import defaults
 from kubeplane.controllers.k8s import kubelet_csr
 from kubeplane.ops import health
 from kubeplane.provision import netns, registry
@@ -159,3 +161,26 @@ def test_3cp1w_each_control_plane_node_runs_the_static_pods(cluster_3cp1w: E2ECl
             if p["status"].get("hostIP") == ip and p["status"].get("phase") == "Running"
         }
         assert set(COMPONENTS) <= running, f"node {ip} runs {running}"
+
+
+def test_3cp1w_every_node_has_its_own_pod_cidr_from_the_agents(cluster_3cp1w: E2ECluster) -> None:
+    # Three control plane agents assign the pod CIDRs (kube-controller-manager's node IPAM is off):
+    # taking turns under an etcd lock, they never give one block twice.
+    result = cluster_3cp1w.kubectl("get", "nodes", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    nodes = json.loads(result.stdout)["items"]
+    (subnet,) = (ipaddress.ip_network(s) for s in defaults.DEFAULT_POD_SUBNETS)
+    blocks = {n["metadata"]["name"]: n["spec"].get("podCIDRs") or [] for n in nodes}
+    assert all(len(cidrs) == 1 for cidrs in blocks.values()), blocks
+    networks = [ipaddress.ip_network(cidrs[0]) for cidrs in blocks.values()]
+    assert all(net.prefixlen == 24 and net.subnet_of(subnet) for net in networks), blocks
+    assert len(set(networks)) == len(nodes) == 4, blocks
+    pods = cluster_3cp1w.kubectl(
+        "get", "pods", "-n", "kube-system", "-l", "k8s-app=kube-controller-manager", "-o", "json"
+    )
+    assert pods.returncode == 0, pods.stderr
+    items = json.loads(pods.stdout)["items"]
+    assert len(items) == 3, [pod["metadata"]["name"] for pod in items]
+    for pod in items:
+        command = pod["spec"]["containers"][0]["command"]
+        assert "--allocate-node-cidrs=false" in command, pod["metadata"]["name"]

@@ -17,6 +17,7 @@ from kubeplane.controllers.k8s import (
     kubelet_static_pod,
     manifest,
     manifest_apply,
+    node_cidr,
     static_pod,
 )
 from kubeplane.controllers.network import machine_network, pod_network, vip
@@ -47,6 +48,7 @@ def for_node(*, paths: NodePaths, wireguard: wireguard_io.Daemons) -> list[Contr
         bootstrap_status.BootstrapStatusController(),
         manifest_apply.ManifestApplyController(),
         kubelet_csr.KubeletCSRController(),
+        node_cidr.NodeCIDRController(),
         pod_network.PodNetworkController(paths=paths),
         machine_network.MachineNetworkController(paths=paths, wireguard=wireguard),
         vip.VipController(),

@@ -5,7 +5,8 @@ No CNI daemon ships in Debian (no flannel, calico or cilium package), but the pl
 (``containernetworking-plugins``: ``bridge``, ``host-local``, ``portmap``), and that is enough on
 nodes that share one L2 network, as flannel's host-gw backend shows:
 
-- kube-controller-manager gives every node a pod CIDR (``--allocate-node-cidrs``);
+- every node has a pod CIDR (the control plane agents assign them:
+  :mod:`kubeplane.controllers.k8s.node_cidr`);
 - each node's pods get addresses from its own CIDR on a Linux bridge (:func:`render_conflist`);
 - each node routes every other node's pod CIDR via that node's InternalIP
   (:func:`desired_routes`), so pods reach each other directly, with their own source addresses;

@@ -85,8 +85,14 @@ def test_flags_are_the_static_pod_flags_except_node_specific_ones(
     static_flags = dict(arg[2:].split("=", 1) for arg in static["spec"]["containers"][0]["command"][1:])
     ds_flags = _flags(selfhosted.render_daemonset(component, inputs))
     differing = {k for k in static_flags.keys() | ds_flags.keys() if static_flags.get(k) != ds_flags.get(k)}
-    expected = {"advertise-address", "audit-log-path"} if component == files.APISERVER else set()
+    expected = {
+        files.APISERVER: {"advertise-address", "audit-log-path"},
+        # No agent assigns pod CIDRs beside a self-hosted control plane: its own does.
+        files.CONTROLLER_MANAGER: {"allocate-node-cidrs"},
+    }.get(component, set())
     assert differing == expected
+    if component == files.CONTROLLER_MANAGER:
+        assert (static_flags["allocate-node-cidrs"], ds_flags["allocate-node-cidrs"]) == ("false", "true")
     if component == files.APISERVER:
         assert ds_flags["advertise-address"] == "$(POD_IP)"
         env = _template(selfhosted.render_daemonset(component, inputs))["spec"]["containers"][0]["env"]

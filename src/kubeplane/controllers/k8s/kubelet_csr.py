@@ -3,11 +3,11 @@ control plane node the moment its request appears.
 
 A worker's kubelet asks for its first client certificate with a CertificateSigningRequest made
 with the bootstrap token. kube-controller-manager approves and signs those, but only once its
-informers run, and on a new cluster it starts them at least 10 s late (its node IPAM controller
-first waits a fixed 10 s before it lists the nodes). A kubelet meanwhile works as
-``system:anonymous``; it keeps that connection until its transport notices the certificate
-(4-5.5 s) and registers at its next back-off step (up to 7 s): a worker joined 10 s or more after
-it could (docs/architecture.md, Cluster create performance).
+informers run, which on a new cluster is seconds after its API server answers (10 s more while
+its node IPAM controller ran, which first waits a fixed 10 s; :mod:`.node_cidr` replaced it). A
+kubelet meanwhile works as ``system:anonymous``; it keeps that connection until its transport
+notices the certificate (4-5.5 s) and registers at its next back-off step (up to 7 s): a worker
+joined 10 s or more after it could (docs/architecture.md, Cluster create performance).
 
 Every control plane node holds the cluster CA (``RootSecrets k8s``) and a local admin kubeconfig
 (``KubernetesSecrets k8s-certs``), so this controller watches the requests through its own API
@@ -53,6 +53,7 @@ from cryptography.x509.oid import NameOID
 from kubeplane import pki
 from kubeplane.clients import errors as client_errors
 from kubeplane.clients import kube
+from kubeplane.controllers.k8s import api_watch
 from kubeplane.controllers.secrets import common, root
 from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
 from kubeplane.resources import catalog
@@ -219,7 +220,7 @@ class _Settings:
     ca: pki.CertKey = dataclasses.field(repr=False)
 
 
-class KubeletCSRController:
+class KubeletCSRController(api_watch.WatchingController[_Settings]):
     """Approves and signs kubelet bootstrap client certificates (see module docstring)."""
 
     name = "k8s.KubeletCSRController"
@@ -230,6 +231,8 @@ class KubeletCSRController:
         ),
     )
     outputs: tuple[Output, ...] = ()  # it writes to the API server only
+    task_name = WATCH_TASK
+    task_what = "watching CSRs"
 
     def __init__(
         self,
@@ -238,27 +241,10 @@ class KubeletCSRController:
         watch_timeout: int = 300,
         kube_client: Callable[[str], kube.KubeClient] = kube.KubeClient,
     ) -> None:
+        super().__init__()
         self.retry_interval = retry_interval
         self.watch_timeout = watch_timeout
         self.kube_client = kube_client
-        self._settings: _Settings | None = None
-
-    async def reconcile(self, ctx: ReconcileContext) -> None:
-        settings = self._read_settings(ctx)
-        if settings != self._settings:
-            await ctx.stop_task(WATCH_TASK)
-            self._settings = settings
-        if settings is None:
-            return
-        task = ctx.task(WATCH_TASK)
-        if task is not None and task.done():
-            await ctx.stop_task(WATCH_TASK)
-            if not task.cancelled() and task.exception() is not None:
-                ctx.logger.warning("watching CSRs failed, will retry: %s", task.exception())
-                ctx.requeue_after(self.retry_interval)  # not at once: the failure may repeat
-                return
-        if ctx.task(WATCH_TASK) is None:
-            ctx.start_task(WATCH_TASK, self._watch(settings, ctx.logger))
 
     @staticmethod
     def _read_settings(ctx: ReconcileContext) -> _Settings | None:
@@ -278,7 +264,6 @@ class KubeletCSRController:
 
     async def _watch(self, settings: _Settings, logger: ControllerLogger) -> None:
         """List the requests, handle each, then follow the changes; again after any break."""
-        loop = asyncio.get_running_loop()
         signed: set[str] = set()  # UIDs: the watch then shows each again, still unsigned, once
 
         async def handle_once(api: kube.KubeClient, csr: Mapping[str, Any]) -> None:
@@ -286,25 +271,21 @@ class KubeletCSRController:
             if uid not in signed and await handle(api, csr, settings.ca, logger) and uid:
                 signed.add(uid)
 
-        while True:
-            try:
-                async with self.kube_client(settings.kubeconfig) as api:
-                    items, version = await api.list_with_version(CSR_PATH)
-                    for csr in items:
-                        await handle_once(api, csr)
-                    while True:
-                        started = loop.time()
-                        stream = api.watch(CSR_PATH, version, timeout_seconds=self.watch_timeout)
-                        async with contextlib.aclosing(stream) as events:
-                            async for kind, obj in events:
-                                version = (obj.get("metadata") or {}).get("resourceVersion") or version
-                                if kind in ("ADDED", "MODIFIED"):
-                                    await handle_once(api, obj)
-                        # A watch the server ends at once (a proxy that cuts streams) must not
-                        # become a busy loop.
-                        if loop.time() - started < self.retry_interval:
-                            await asyncio.sleep(self.retry_interval)
-            except client_errors.KubeError as exc:
-                # The API server is not up yet, restarts, or the version is gone: list again.
-                logger.debug("CSR watch: %s; again in %.0f s", exc, self.retry_interval)
-            await asyncio.sleep(self.retry_interval)
+        async def listed(api: kube.KubeClient, items: api_watch.Items) -> None:
+            for csr in items:
+                await handle_once(api, csr)
+
+        async def changed(api: kube.KubeClient, kind: str, csr: dict[str, Any]) -> None:
+            if kind in ("ADDED", "MODIFIED"):
+                await handle_once(api, csr)
+
+        await api_watch.follow(
+            lambda: self.kube_client(settings.kubeconfig),
+            CSR_PATH,
+            listed=listed,
+            changed=changed,
+            logger=logger,
+            retry_interval=self.retry_interval,
+            watch_timeout=self.watch_timeout,
+            what="CSR watch",
+        )

@@ -390,7 +390,9 @@ def render_controller_manager(inputs: ControlPlaneInputs, *, node_root: PurePosi
 
     kubeconfig = path(files.KUBECONFIG)
     defaults = {
-        "allocate-node-cidrs": "true",
+        # The agents assign the nodes' pod CIDRs (controllers/k8s/node_cidr.py): this one's node
+        # IPAM controller waits 10 s before its first node list, and delays every informer.
+        "allocate-node-cidrs": "false",
         "authentication-kubeconfig": kubeconfig,
         "authorization-kubeconfig": kubeconfig,
         # Loopback only: nothing outside the node needs it, and the probe comes from the node.

@@ -150,6 +150,15 @@ def render_daemonset(component: str, inputs: SelfHostedInputs) -> dict[str, Any]
         cp = dataclasses.replace(
             cp, apiserver=dataclasses.replace(own, extra_args={"audit-log-path": "-", **own.extra_args})
         )
+    if component == files.CONTROLLER_MANAGER:
+        # No agent assigns pod CIDRs beside a self-hosted control plane (node_cidr.py): this does.
+        own = cp.controller_manager
+        cp = dataclasses.replace(
+            cp,
+            controller_manager=dataclasses.replace(
+                own, extra_args={"allocate-node-cidrs": "true", **own.extra_args}
+            ),
+        )
     # Rendered for a root of "/": the paths are inside the container, where the Secret is mounted.
     pod = _RENDERERS[component](cp, node_root=PurePosixPath("/"))
     spec = pod["spec"]
