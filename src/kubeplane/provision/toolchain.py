@@ -10,8 +10,9 @@ the etcd image ``kubeadm`` asks for, packed from Debian's etcd), and the pipelin
 2. ``fetch``: ``apt-get source --download-only kubernetes`` into the cache (tarballs kept and
    checked against the ``.dsc`` checksums, so later runs need no network);
 3. ``unpack``: the upstream (orig) tarball, once, shared by every version string;
-4. ``build``: the upstream Makefile with Go 1.19, ``CGO_ENABLED=0`` and a GOPATH, Go build
-   cache and HOME inside the cache (``KUBE_GIT_VERSION`` for builds with another version string),
+4. ``build``: the upstream Makefile with Go 1.19, ``CGO_ENABLED=0``, the build tag
+   ``dockerless`` (:data:`BUILD_TAGS`) and a GOPATH, Go build cache and HOME inside the cache
+   (``KUBE_GIT_VERSION`` for builds with another version string),
    after replacing the tree's vendored ``github.com/modern-go/reflect2`` v1.0.1 with Debian's
    v1.0.2 (:data:`REFLECT2_DEBIAN`): v1.0.1 reads Go runtime internals that changed in Go 1.18,
    and built with Go 1.19 it panics (a nil pointer in ``UnsafeMapType.Key``) wherever a map type
@@ -88,8 +89,13 @@ PAUSE_TAG = cache_layout.PAUSE_TAG
 SOURCE_PACKAGE = "kubernetes"
 GO_BIN = Path("/usr/lib/go-1.19/bin")
 #: 2: binaries built with reflect2 v1.0.2 (format 1's panic in kubeadm), kubeadm and the etcd
-#: image added; a format-1 entry is rebuilt.
-STAMP_FORMAT = 2
+#: image added; 3: built with :data:`BUILD_TAGS`. An entry of an older format is rebuilt.
+STAMP_FORMAT = 3
+#: Go build tags of the binaries. ``dockerless`` leaves dockershim out of the kubelet, and with it
+#: cAdvisor's docker plugin, which at every kubelet start asks a docker daemon for its root
+#: directory five times, a second apart, before the kubelet syncs any pod (cadvisor #3175): 5 s
+#: of every node's start. Every kubeplane kubelet talks to containerd over the CRI.
+BUILD_TAGS = "dockerless"
 #: Debian's source of github.com/modern-go/reflect2 v1.0.2 (golang-github-modern-go-reflect2-dev),
 #: and where the Kubernetes tree vendors v1.0.1.
 REFLECT2_DEBIAN = Path("/usr/share/gocode/src/github.com/modern-go/reflect2")
@@ -588,7 +594,9 @@ class _Build:
         self._vendor_reflect2(tree)
         what = " ".join(f"cmd/{name}" for name in KUBE_BINARIES)
         with self.steps.step("build", f"make {len(KUBE_BINARIES)} binaries {self.paths.version}"):
-            self.steps.run([*self.tc.make_command, f"WHAT={what}"], cwd=tree, env=self._build_env(tree))
+            # hack/lib/golang.sh reads the tags out of GOFLAGS (and adds its own).
+            env = {**self._build_env(tree), "GOFLAGS": f"-tags={BUILD_TAGS}"}
+            self.steps.run([*self.tc.make_command, f"WHAT={what}"], cwd=tree, env=env)
             for name in KUBE_BINARIES:
                 built = tree / "_output" / "bin" / name
                 if not built.is_file():
