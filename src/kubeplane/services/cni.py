@@ -54,12 +54,18 @@ class Route:
     node: str
 
 
-def node_net(obj: Mapping[str, Any]) -> NodeNet:
-    """The pod network fields of a Node object (missing fields: empty)."""
-    metadata, spec, status = (obj.get(key) or {} for key in ("metadata", "spec", "status"))
+def pod_cidrs(obj: Mapping[str, Any]) -> tuple[str, ...]:
+    """The pod CIDRs of a Node object: ``spec.podCIDRs``, or the older ``spec.podCIDR``."""
+    spec = obj.get("spec") or {}
     cidrs = list(spec.get("podCIDRs") or ())
     if not cidrs and spec.get("podCIDR"):
         cidrs = [spec["podCIDR"]]
+    return tuple(str(cidr) for cidr in cidrs)
+
+
+def node_net(obj: Mapping[str, Any]) -> NodeNet:
+    """The pod network fields of a Node object (missing fields: empty)."""
+    metadata, status = (obj.get(key) or {} for key in ("metadata", "status"))
     internal = [
         str(address.get("address"))
         for address in status.get("addresses") or ()
@@ -68,7 +74,7 @@ def node_net(obj: Mapping[str, Any]) -> NodeNet:
     ipv4 = [address for address in internal if _is_ipv4(address)]
     return NodeNet(
         name=str(metadata.get("name") or ""),
-        pod_cidrs=tuple(str(cidr) for cidr in cidrs),
+        pod_cidrs=pod_cidrs(obj),
         internal_ip=ipv4[0] if ipv4 else None,
     )
 

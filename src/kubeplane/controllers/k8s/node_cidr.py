@@ -37,11 +37,12 @@ from typing import Any, Protocol
 
 from kubeplane.clients import errors as client_errors
 from kubeplane.clients import kube
-from kubeplane.controllers.k8s import api_watch, etcd_access, files
+from kubeplane.controllers.k8s import api_watch, etcd_access, files, render
 from kubeplane.controllers.secrets import common
 from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
 from kubeplane.resources import Resource, catalog
 from kubeplane.runtime import ControllerLogger, Input, Output, ReconcileContext
+from kubeplane.services import cni
 
 NODES_PATH = "/api/v1/nodes"
 #: Serialises the assignment across control plane nodes (the list and the patches under it).
@@ -118,15 +119,6 @@ def pools(flags: Mapping[str, str]) -> tuple[Pool, ...]:
     return tuple(found)
 
 
-def node_cidrs(node: Mapping[str, Any]) -> list[str]:
-    """The pod CIDRs a Node object has (``spec.podCIDRs``, or the older ``spec.podCIDR``)."""
-    spec = node.get("spec") or {}
-    cidrs = [str(c) for c in spec.get("podCIDRs") or ()]
-    if not cidrs and spec.get("podCIDR"):
-        cidrs = [str(spec["podCIDR"])]
-    return cidrs
-
-
 @dataclasses.dataclass
 class Assignment:
     """What :func:`assign` decided: the CIDRs for each node, by name, and the nodes no block was
@@ -137,9 +129,13 @@ class Assignment:
     full: str = ""
 
 
+def _name(node: Mapping[str, Any]) -> str:
+    return str((node.get("metadata") or {}).get("name") or "")
+
+
 def _age(node: Mapping[str, Any]) -> tuple[str, str]:
-    metadata = node.get("metadata") or {}
-    return str(metadata.get("creationTimestamp") or ""), str(metadata.get("name") or "")
+    """The order nodes get their blocks in: oldest first, by name among equals."""
+    return str((node.get("metadata") or {}).get("creationTimestamp") or ""), _name(node)
 
 
 def assign(pool_list: Sequence[Pool], nodes: Sequence[Mapping[str, Any]]) -> Assignment:
@@ -147,13 +143,13 @@ def assign(pool_list: Sequence[Pool], nodes: Sequence[Mapping[str, Any]]) -> Ass
     each pool that overlaps no node's CIDRs and no block given before it."""
     used: list[Network] = []
     for node in nodes:
-        for cidr in node_cidrs(node):
+        for cidr in cni.pod_cidrs(node):
             with contextlib.suppress(ValueError):  # the API server validated it; be safe anyway
                 used.append(ipaddress.ip_network(cidr, strict=False))
     taken = [pool.taken(used) for pool in pool_list]
     result = Assignment()
-    for node in sorted((node for node in nodes if not node_cidrs(node)), key=_age):
-        name = _age(node)[1]
+    for node in sorted((node for node in nodes if not cni.pod_cidrs(node)), key=_age):
+        name = _name(node)
         picked = [
             next((i for i in range(pool.size) if i not in indexes), None)
             for pool, indexes in zip(pool_list, taken, strict=True)
@@ -199,7 +195,7 @@ async def assign_pending(
     plan = assign(pool_list, nodes)
     if plan.starved:
         logger.warning("%s: no pod CIDR for node %s", plan.full, ", ".join(plan.starved))
-    versions = {_age(node)[1]: (node.get("metadata") or {}).get("resourceVersion") for node in nodes}
+    versions = {_name(node): (node.get("metadata") or {}).get("resourceVersion") for node in nodes}
     outcome = Outcome(starved=set(plan.starved))
     for name, cidrs in plan.cidrs.items():
         patch = {
@@ -220,10 +216,10 @@ async def assign_pending(
 def _worth_a_look(kind: str, node: Mapping[str, Any], starved: set[str]) -> bool:
     """Whether a watch event may let a pass assign something: a node without a CIDR that is not
     waiting for a full pool, or a deleted node that frees blocks a waiting node needs."""
-    name = _age(node)[1]
+    name = _name(node)
     if kind == "DELETED":
         return bool(starved - {name})
-    return kind in ("ADDED", "MODIFIED") and not node_cidrs(node) and name not in starved
+    return kind in ("ADDED", "MODIFIED") and not cni.pod_cidrs(node) and name not in starved
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,14 +235,7 @@ def controller_manager_flags(resource: Resource | None) -> dict[str, str] | None
     if resource is None or not isinstance(resource.spec, catalog.StaticPodSpec):
         return None
     containers = (resource.spec.to_dict()["pod"].get("spec") or {}).get("containers") or ()
-    if not containers:
-        return None
-    flags: dict[str, str] = {}
-    for arg in containers[0].get("command") or ():
-        if str(arg).startswith("--"):
-            name, _, value = str(arg)[2:].partition("=")
-            flags[name] = value
-    return flags
+    return render.flags_of(containers[0]["command"]) if containers else None
 
 
 class NodeCIDRController(api_watch.WatchingController[_Settings]):
@@ -333,7 +322,7 @@ class NodeCIDRController(api_watch.WatchingController[_Settings]):
                 starved = (await assign_pending(api, settings.pools, logger)).starved
 
         async def listed(api: kube.KubeClient, items: api_watch.Items) -> None:
-            if any(not node_cidrs(node) for node in items):
+            if any(not cni.pod_cidrs(node) for node in items):
                 await look(api)
 
         async def changed(api: kube.KubeClient, kind: str, node: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ Design decisions:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -40,6 +40,7 @@ __all__ = [
     "KubeVersion",
     "dump_yaml",
     "dump_yaml_documents",
+    "flags_of",
     "has_pod_security_policy",
     "merge_flags",
     "render_apiserver",
@@ -199,7 +200,8 @@ def _drop_removed(component: str, defaults: dict[str, str], version: KubeVersion
     return {name: value for name, value in defaults.items() if name not in removed}
 
 
-def _flags_of(command: list[str]) -> dict[str, str]:
+def flags_of(command: Sequence[str]) -> dict[str, str]:
+    """The flags of a rendered component's command (``[binary, "--name=value", ...]``) by name."""
     return dict(arg[2:].split("=", 1) for arg in command[1:])
 
 
@@ -284,7 +286,7 @@ def _static_pod(
         "image": own.image,
         "imagePullPolicy": "IfNotPresent",
         "command": command,
-        **probes(_flags_of(command)),
+        **probes(flags_of(command)),
         "resources": {"requests": requests},
         "volumeMounts": mounts,
     }

@@ -163,7 +163,7 @@ def render_daemonset(component: str, inputs: SelfHostedInputs) -> dict[str, Any]
     pod = _RENDERERS[component](cp, node_root=PurePosixPath("/"))
     spec = pod["spec"]
     container = spec["containers"][0]
-    flags = dict(arg[2:].split("=", 1) for arg in container["command"][1:])
+    flags = render.flags_of(container["command"])
     dropped = {"audit-log"} if flags.get("audit-log-path") == "-" else set()
     secrets_mount = str(
         files.secrets_dir(component, node_root=PurePosixPath("/"), secrets_root=cp.secrets_root)

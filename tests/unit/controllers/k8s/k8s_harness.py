@@ -7,16 +7,30 @@ RootSecrets) are published directly into the state with no owner: that is test s
 from __future__ import annotations
 
 import asyncio
+import functools
 import http.server
 import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from kubeplane import pki
 from kubeplane.resources import Resource, Spec, State, catalog
 from kubeplane.runtime import Controller, Runtime
 
 NODE_ADDRESS = "10.5.0.2"
+
+
+@functools.cache
+def cluster_admin() -> tuple[pki.CertKey, str]:
+    """A cluster CA and a ``system:masters`` kubeconfig it signed, for ``https://127.0.0.1:6443``
+    (made once per test run: the controllers that talk to a fake API server need both)."""
+    ca = pki.new_ca("kubernetes")
+    admin = pki.issue(ca=ca, common_name="admin", organizations=["system:masters"], usages=("client",))
+    kubeconfig = pki.kubeconfig(
+        cluster_name="c1", server="https://127.0.0.1:6443", ca_cert=ca.cert, user="admin", client=admin
+    )
+    return ca, kubeconfig
 
 
 def put(state: State, namespace: str, type_name: str, resource_id: str, spec: Spec) -> Resource:

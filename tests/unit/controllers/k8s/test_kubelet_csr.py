@@ -18,7 +18,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from k8s_harness import eventually, put, run, settle
+from k8s_harness import cluster_admin, eventually, put, run, settle
 
 from kubeplane import pki
 from kubeplane.clients import kube
@@ -28,11 +28,7 @@ from kubeplane.resources import State, catalog
 
 pytestmark = pytest.mark.unit
 
-CA = pki.new_ca("kubernetes")
-ADMIN = pki.issue(ca=CA, common_name="admin", organizations=["system:masters"], usages=("client",))
-KUBECONFIG = pki.kubeconfig(
-    cluster_name="c1", server="https://127.0.0.1:6443", ca_cert=CA.cert, user="admin", client=ADMIN
-)
+CA, KUBECONFIG = cluster_admin()
 LOGGER = logging.getLogger("test-kubelet-csr")
 
 

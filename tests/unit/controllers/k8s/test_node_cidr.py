@@ -14,20 +14,15 @@ from typing import Any
 
 import httpx
 import pytest
-from k8s_harness import eventually, publish_bootstrap_status, put, run, settle
+from k8s_harness import cluster_admin, eventually, publish_bootstrap_status, put, run, settle
 
-from kubeplane import pki
 from kubeplane.clients import kube
 from kubeplane.controllers.k8s import files, node_cidr
 from kubeplane.resources import Resource, State, catalog
 
 pytestmark = pytest.mark.unit
 
-CA = pki.new_ca("kubernetes")
-ADMIN = pki.issue(ca=CA, common_name="admin", organizations=["system:masters"], usages=("client",))
-KUBECONFIG = pki.kubeconfig(
-    cluster_name="c1", server="https://127.0.0.1:6443", ca_cert=CA.cert, user="admin", client=ADMIN
-)
+KUBECONFIG = cluster_admin()[1]
 LOGGER = logging.getLogger("test-node-cidr")
 
 
