@@ -184,7 +184,10 @@ class Sampler:
                 if at >= after and predicate(holders):
                     return at
             time.sleep(self.period)
-        raise AssertionError(f"no sample satisfied the condition within {timeout}s: {self.samples[-5:]}")
+        raise AssertionError(
+            f"no sample satisfied the condition within {timeout}s: {self.samples[-5:]}\n"
+            f"the election processes' logs:\n{self.nodes.logs()}"
+        )
 
 
 def holder_of(holders: frozenset[str]) -> str | None:
