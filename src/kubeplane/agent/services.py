@@ -609,6 +609,9 @@ class NodeServices:
             # pods Ready ~8 s sooner than 10 s did (docs/architecture.md, Cluster create
             # performance), for a resync of every pod every 5 s (a few CRI calls each).
             "sync-frequency": "5s",
+            # containerd pulls images in parallel; one at a time (the default, for old docker
+            # storage drivers) held the cluster DNS image behind kube-proxy's on a new node.
+            "serialize-image-pulls": "false",
             "network-plugin": "cni",
             "cni-conf-dir": str(self.paths.cni_conf),
             "cni-bin-dir": containerd.DEFAULT_CNI_BIN_DIR,

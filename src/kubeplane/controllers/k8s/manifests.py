@@ -458,8 +458,9 @@ def _coredns(inputs: ManifestInputs) -> list[dict[str, Any]]:
             "timeoutSeconds": 5,
             "failureThreshold": 5,
         },
-        # Probed every 2 s: a replica that comes back (scaled up, restarted) takes queries at once.
-        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181, "scheme": "HTTP"}, "periodSeconds": 2},
+        # Probed every second (a local HTTP GET): a replica that starts (a new cluster, scaled up,
+        # restarted) takes queries within a second of being ready.
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181, "scheme": "HTTP"}, "periodSeconds": 1},
         "volumeMounts": [{"name": "config-volume", "mountPath": "/etc/coredns", "readOnly": True}],
     }
     deployment = {

@@ -404,6 +404,12 @@ def render_controller_manager(inputs: ControlPlaneInputs, *, node_root: PurePosi
         "cluster-signing-key-file": path(files.CA_KEY),
         "configure-cloud-routes": "false",
         "controllers": "*,tokencleaner",
+        # Client-side rate limit of its API client (defaults 20/s, burst 30). At start, with
+        # use-service-account-credentials, it fetches a token per controller and runs discovery
+        # before any informer starts: about 100 requests, 5 s at the default limit, all of it
+        # before the first DaemonSet or ReplicaSet pod is created.
+        "kube-api-burst": "200",
+        "kube-api-qps": "50",
         "kubeconfig": kubeconfig,
         "leader-elect": "true",
         "port": "0",
