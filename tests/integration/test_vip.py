@@ -124,7 +124,9 @@ def test_one_holder_that_fails_over_on_every_loss(nodes: vip_nodes.VipNodes, etc
         sampler.wait_for(lambda held: len(held) == 1, after=time.monotonic(), timeout=15)
     finally:
         sampler.stop()
-    assert sampler.most_at_once() == 1, f"two nodes held the VIP at once\n{nodes.logs()}"
+    overlaps = sampler.overlaps()
+    assert overlaps == [], f"two nodes held the VIP at once: {overlaps}\n{nodes.logs()}"
+    assert sampler.most_at_once() == 1
 
 
 def _wait(predicate: object, what: str, timeout: float = 3.0) -> None:
@@ -133,3 +135,22 @@ def _wait(predicate: object, what: str, timeout: float = 3.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
+
+
+def test_sampler_tells_a_handover_from_two_holders() -> None:
+    """The sampler asks the nodes one after the other: a handover between two answers of one
+    sample shows both nodes in it, which is no overlap; two runs of answers that cross are."""
+    # n2 is asked at 10.00 (has it), gives it up; n3 takes it, is asked at 10.02 (has it).
+    handover = [
+        ("n2", 9.90, 9.91, True),
+        ("n3", 9.91, 9.92, False),
+        ("n2", 10.00, 10.01, True),
+        ("n3", 10.01, 10.02, True),
+        ("n2", 10.10, 10.11, False),
+        ("n3", 10.11, 10.12, True),
+    ]
+    assert vip_nodes.overlaps(handover) == []
+    assert vip_nodes.tenures(handover) == {"n2": [(9.91, 10.00)], "n3": [(10.02, 10.11)]}
+    # Both keep it over two samples: they held it at once from 10.02 to 10.10.
+    both = [*handover[:4], ("n2", 10.10, 10.11, True), ("n3", 10.11, 10.12, True)]
+    assert vip_nodes.overlaps(both) == [("n2", "n3", 10.02, 10.10)]

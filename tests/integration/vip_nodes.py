@@ -141,10 +141,18 @@ class VipNodes:
         )
 
     def holders(self) -> frozenset[str]:
-        """The nodes whose eth0 has the VIP now."""
-        return frozenset(
-            name for name, host in self.hosts.items() if vip_io.NetlinkVip(host.netns).present(self.address)
-        )
+        """The nodes whose eth0 has the VIP now (asked one node after the other)."""
+        return frozenset(name for name, _, _, present in self.observe() if present)
+
+    def observe(self) -> list[tuple[str, float, float, bool]]:
+        """Each node in turn: (name, when it was asked, when it answered, whether its eth0 had the
+        VIP at some moment in between)."""
+        seen = []
+        for name, host in self.hosts.items():
+            asked = time.monotonic()
+            present = vip_io.NetlinkVip(host.netns).present(self.address)
+            seen.append((name, asked, time.monotonic(), present))
+        return seen
 
     def mac(self, name: str) -> str:
         """The MAC address of the node's eth0."""
@@ -154,27 +162,47 @@ class VipNodes:
 
 
 class Sampler:
-    """Samples who holds the VIP in a thread until stopped; ``samples`` are (time, holders)."""
+    """Samples who holds the VIP in a thread until stopped; ``samples`` are (time, holders).
+
+    One sample asks the nodes one after the other (each in its own network namespace: a few ms,
+    tens under load), so a sample is not a snapshot: a handover that falls between two nodes'
+    answers shows the old and the new holder in one sample though they never held the VIP at
+    the same moment. :meth:`overlaps` therefore judges from each node's own answer times.
+    """
 
     def __init__(self, nodes: VipNodes, *, period: float = 0.005) -> None:
         self.nodes = nodes
         self.period = period
         self.samples: list[tuple[float, frozenset[str]]] = []
+        #: Every answer of every node, as :meth:`VipNodes.observe` gives them.
+        self.answers: list[tuple[str, float, float, bool]] = []
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._done.is_set():
-            self.samples.append((time.monotonic(), self.nodes.holders()))
+            started = time.monotonic()
+            seen = self.nodes.observe()
+            self.answers.extend(seen)
+            self.samples.append((started, frozenset(name for name, _, _, present in seen if present)))
             time.sleep(self.period)
 
     def stop(self) -> None:
         self._done.set()
         self._thread.join(timeout=10)
 
+    def tenures(self) -> dict[str, list[tuple[float, float]]]:
+        return tenures(self.answers)
+
+    def overlaps(self) -> list[tuple[str, str, float, float]]:
+        return overlaps(self.answers)
+
     def most_at_once(self) -> int:
-        return max((len(holders) for _, holders in self.samples), default=0)
+        """2 when :meth:`overlaps` found any, else whether anyone held it at all (0 or 1)."""
+        if self.overlaps():
+            return 2
+        return 1 if any(present for *_, present in self.answers) else 0
 
     def wait_for(self, predicate: Callable[[frozenset[str]], bool], *, after: float, timeout: float) -> float:
         """The time of the first sample after ``after`` whose holders satisfy ``predicate``."""
@@ -188,6 +216,44 @@ class Sampler:
             f"no sample satisfied the condition within {timeout}s: {self.samples[-5:]}\n"
             f"the election processes' logs:\n{self.nodes.logs()}"
         )
+
+
+def tenures(answers: list[tuple[str, float, float, bool]]) -> dict[str, list[tuple[float, float]]]:
+    """Per node, the spans it certainly held the VIP: in a run of answers that all had it, from
+    the first one's answer to the last one's question (it held the VIP throughout: losing and
+    winning it back between two answers a few ms apart would take etcd round trips). A run
+    of one answer proves no span."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    current: dict[str, tuple[float, float]] = {}
+
+    def close(name: str) -> None:
+        start, end = current.pop(name)
+        if start <= end:
+            spans.setdefault(name, []).append((start, end))
+
+    for name, asked, answered, present in answers:
+        if present:
+            start, _ = current.get(name, (answered, asked))
+            current[name] = (start, asked)
+        elif name in current:
+            close(name)
+    for name in list(current):
+        close(name)
+    return spans
+
+
+def overlaps(answers: list[tuple[str, float, float, bool]]) -> list[tuple[str, str, float, float]]:
+    """Moments two nodes provably held the VIP at once: (node, node, from, to) where their
+    :func:`tenures` intersect."""
+    found = []
+    spans = sorted((span, name) for name, runs in tenures(answers).items() for span in runs)
+    for i, ((_start, end), name) in enumerate(spans):
+        for (other_start, other_end), other in spans[i + 1 :]:
+            if other_start > end:
+                break
+            if other != name:
+                found.append((name, other, other_start, min(end, other_end)))
+    return found
 
 
 def holder_of(holders: frozenset[str]) -> str | None:
