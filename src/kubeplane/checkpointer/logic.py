@@ -16,12 +16,14 @@ Removal needs the API server's word: a checkpoint is removed once the API server
 without its parent (or with the parent no longer annotated, or on another node) continuously
 for the grace period. When that parent is the checkpointer's own and no other pod of its owner
 (its DaemonSet) is on the node, checkpointing is being switched off (the DaemonSet was
-deleted): every checkpoint goes with it, the checkpointer's own last. Left behind, an active
-checkpoint would have no one to deactivate or remove it, and while it holds its component's
-host ports its parent cannot run, so it would stay active for good. While the API server is
-unreachable nothing is removed and no grace time passes for removal: keeping the control plane
-alive across reboots is the point. While the kubelet is unreachable, activation does not change
-(its silence says nothing about the parent).
+deleted): every checkpoint goes with it, the checkpointer's own last. The API server saying
+that the owner itself is gone (404 for the DaemonSet, by name) proves the same at once, so then
+nothing waits for the grace period: no new pod of it can come (`convert-k8s` deletes it).
+Left behind, an active checkpoint would have no one to deactivate or remove it, and while it
+holds its component's host ports its parent cannot run, so it would stay active for good. While
+the API server is unreachable nothing is removed and no grace time passes for removal: keeping
+the control plane alive across reboots is the point. While the kubelet is unreachable,
+activation does not change (its silence says nothing about the parent).
 
 Sanitising turns a pod from the API server into something a kubelet accepts as a static pod and
 the API server's NodeRestriction admission accepts as its mirror pod: no ownerReferences,
@@ -112,6 +114,20 @@ def _self_last(known: frozenset[str], self_id: str | None) -> tuple[str, ...]:
 
 def _owner_uids(pod: Mapping[str, Any]) -> set[str]:
     return {str(ref.get("uid")) for ref in (pod.get("metadata") or {}).get("ownerReferences") or ()}
+
+
+def daemonset_owners(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """Names of the DaemonSets (apps/v1) that own `pod`, sorted."""
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or ()
+    return tuple(
+        sorted(
+            str(ref["name"])
+            for ref in refs
+            if ref.get("kind") == "DaemonSet"
+            and str(ref.get("apiVersion", "")).startswith("apps/")
+            and ref.get("name")
+        )
+    )
 
 
 def is_running(pod: Mapping[str, Any]) -> bool:
@@ -379,6 +395,9 @@ class Observation:
     active: frozenset[str]
     now: float
     self_id: str | None = None
+    owner_gone: bool = False
+    """The API server answered 404 for every DaemonSet that owned the checkpointer's own parent
+    (:attr:`Planner.self_owner_names`): it was deleted, not replaced."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,6 +424,9 @@ class Planner:
         self._missing_since: dict[str, float] = {}
         #: uids of the owners (the DaemonSet) of the checkpointer's own parent, last seen.
         self._self_owners: set[str] = set()
+        #: Names of the DaemonSets that owned the checkpointer's own parent, last seen: what to
+        #: ask the API server about once that parent is gone (:attr:`Observation.owner_gone`).
+        self.self_owner_names: tuple[str, ...] = ()
         #: Set once checkpointing was switched off: from then on every checkpoint is removed.
         self.disabled = False
 
@@ -441,7 +463,11 @@ class Planner:
                     del self._missing_since[parent_id]
             if obs.self_id in parents:
                 self._self_owners = _owner_uids(parents[obs.self_id])
-            elif obs.self_id in remove and not any(
+                self.self_owner_names = daemonset_owners(parents[obs.self_id])
+            elif (
+                obs.self_id in remove
+                or (obs.self_id in known and obs.owner_gone and bool(self.self_owner_names))
+            ) and not any(
                 _owner_uids(p) & self._self_owners for p in obs.api_pods if pod_id(p) != obs.self_id
             ):
                 self.disabled = True

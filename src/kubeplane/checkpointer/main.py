@@ -86,10 +86,26 @@ class Checkpointer:
                 active=self.store.active(),
                 now=self.clock(),
                 self_id=self.self_id,
+                owner_gone=self._owner_gone(api_pods),
             )
         )
         self._act(plan)
         return plan
+
+    def _owner_gone(self, api_pods: tuple[dict[str, object], ...] | None) -> bool:
+        """Once the API server lists no parent of this checkpointer: whether it also has none of
+        the DaemonSets that owned it (deleted, so no new parent comes; see :mod:`.logic`)."""
+        names = self.planner.self_owner_names
+        if api_pods is None or self.self_id is None or not names:
+            return False
+        if any(logic.pod_id(pod) == self.self_id for pod in api_pods):
+            return False
+        namespace = self.self_id.split("/", 1)[0]
+        try:
+            return not any(self.api.daemonset_exists(namespace, name) for name in names)
+        except (SourceUnavailable, SourceRejected, ConfigError) as exc:
+            log.warning("API server: %s; waiting for the grace period", exc)
+            return False
 
     def _act(self, plan: logic.Plan) -> None:
         for parent in plan.store:

@@ -156,6 +156,19 @@ class ApiServer:
         data = self._request(f"/api/v1/pods?{query}")
         return tuple(data.get("items") or ())
 
+    def daemonset_exists(self, namespace: str, name: str) -> bool:
+        """Whether DaemonSet `namespace`/`name` exists (a 404 is the answer "no")."""
+        path = (
+            f"/apis/apps/v1/namespaces/{urllib.parse.quote(namespace)}/daemonsets/{urllib.parse.quote(name)}"
+        )
+        try:
+            self._request(path)
+        except SourceRejected as exc:
+            if "HTTP 404" in str(exc):
+                return False
+            raise
+        return True
+
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A Secret or ConfigMap; None when it does not exist."""
         plural = {"Secret": "secrets", "ConfigMap": "configmaps"}[kind]

@@ -40,6 +40,7 @@ def observe(
     active: set[str] = frozenset(),  # type: ignore[assignment]
     now: float = 0.0,
     self_id: str | None = None,
+    owner_gone: bool = False,
 ) -> logic.Observation:
     return logic.Observation(
         node=NODE,
@@ -49,6 +50,7 @@ def observe(
         active=frozenset(active),
         now=now,
         self_id=self_id,
+        owner_gone=owner_gone,
     )
 
 
@@ -305,7 +307,9 @@ def test_checkpoint_name_refuses_path_tricks(bad: str) -> None:
 
 
 def owned(pod_dict: dict[str, Any], uid: str) -> dict[str, Any]:
-    pod_dict["metadata"]["ownerReferences"] = [{"kind": "DaemonSet", "name": "pod-checkpointer", "uid": uid}]
+    pod_dict["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "pod-checkpointer", "uid": uid}
+    ]
     return pod_dict
 
 
@@ -360,3 +364,64 @@ def test_a_replaced_checkpointer_pod_removes_only_its_own_checkpoint() -> None:
     planner.plan(observe(api=api, kubelet=[], stored={SELF, APISERVER}, now=10, self_id=SELF))
     plan = planner.plan(observe(api=api, kubelet=[], stored={SELF, APISERVER}, now=310, self_id=SELF))
     assert not plan.disabled and plan.remove == (SELF,)
+
+
+def test_a_deleted_checkpointer_daemonset_removes_every_checkpoint_without_the_grace_period() -> None:
+    planner = logic.Planner(grace_period=300)
+    running = [pod(SELF, phase="Running")]
+    planner.plan(
+        observe(
+            api=[owned(pod(SELF), "ds-1"), pod(APISERVER)],
+            kubelet=running,
+            stored={SELF, APISERVER},
+            active={SELF, APISERVER},
+            self_id=SELF,
+        )
+    )
+    assert planner.self_owner_names == ("pod-checkpointer",)
+    # Parent gone, but its DaemonSet still there (a rolling update): the grace period runs.
+    waiting = planner.plan(
+        observe(api=[pod(APISERVER)], kubelet=running, stored={SELF, APISERVER}, now=5, self_id=SELF)
+    )
+    assert not waiting.disabled and waiting.remove == () and SELF in waiting.waiting
+    # The API server says the DaemonSet is gone too: everything goes now, its own checkpoint last.
+    plan = planner.plan(
+        observe(
+            api=[pod(APISERVER)],
+            kubelet=running,
+            stored={SELF, APISERVER},
+            active={SELF, APISERVER},
+            now=6,
+            self_id=SELF,
+            owner_gone=True,
+        )
+    )
+    assert plan.disabled and plan.remove == (APISERVER, SELF)
+
+
+def test_a_gone_owner_needs_the_parent_seen_and_no_sibling_on_the_node() -> None:
+    # Never saw its parent (started after it went): no owner known, the grace period decides.
+    planner = logic.Planner(grace_period=300)
+    plan = planner.plan(
+        observe(api=[pod(APISERVER)], kubelet=[], stored={SELF}, now=1, self_id=SELF, owner_gone=True)
+    )
+    assert not plan.disabled and plan.remove == ()
+    # Another pod of the same DaemonSet (by uid) on the node: not switched off.
+    planner = logic.Planner(grace_period=300)
+    planner.plan(observe(api=[owned(pod(SELF), "ds-1")], kubelet=[], stored={SELF}, self_id=SELF))
+    sibling = owned(pod("kube-system/pod-checkpointer-new"), "ds-1")
+    plan = planner.plan(
+        observe(api=[sibling], kubelet=[], stored={SELF}, now=1, self_id=SELF, owner_gone=True)
+    )
+    assert not plan.disabled and plan.remove == ()
+
+
+def test_only_daemonsets_of_apps_count_as_owners() -> None:
+    pod_dict = pod(SELF)
+    pod_dict["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "b", "uid": "1"},
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "a", "uid": "2"},
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "r", "uid": "3"},
+        {"apiVersion": "example.com/v1", "kind": "DaemonSet", "name": "x", "uid": "4"},
+    ]
+    assert logic.daemonset_owners(pod_dict) == ("a", "b")

@@ -18,7 +18,8 @@ A self-hosted control plane (what the original's older releases bootstrapped, an
   why the conversion reads it back from there (the aggregator CA is kept nowhere at all, which is
   why the conversion mints a new one).
 - The ``pod-checkpointer`` (:mod:`kubeplane.checkpointer`): a ServiceAccount, a ClusterRole to
-  list pods, a Role to read Secrets and ConfigMaps in kube-system, their bindings, and a
+  list pods, a Role to read Secrets and ConfigMaps and its own DaemonSet in kube-system, their
+  bindings, and a
   DaemonSet whose pods mount the node's kubelet manifest directory and the checkpoint state
   directory, with the grace period in ``CHECKPOINTER_GRACE_PERIOD``.
 
@@ -319,7 +320,17 @@ def render_checkpointer(inputs: SelfHostedInputs) -> list[dict[str, Any]]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": _meta(CHECKPOINTER),
-            "rules": [{"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get"]}],
+            "rules": [
+                {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get"]},
+                # Its own DaemonSet only: a checkpoint whose DaemonSet was deleted removes every
+                # checkpoint at once rather than after the grace period.
+                {
+                    "apiGroups": ["apps"],
+                    "resources": ["daemonsets"],
+                    "resourceNames": [CHECKPOINTER],
+                    "verbs": ["get"],
+                },
+            ],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
