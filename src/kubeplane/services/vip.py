@@ -94,6 +94,14 @@ class Timing:
     #: How often the holder makes sure its etcd member does not lead (it hands leadership over).
     leadership_check: float = 10.0
 
+    @property
+    def keepalive_timeout(self) -> float:
+        """How long a lease keep-alive's answer is waited for: as long as it can still allow a
+        renewal (the renewed address must run out ``margin`` before a lease renewed when the
+        keep-alive was *sent* could expire), and at least ``check_timeout``. An answer slowed by a
+        loaded machine is still used; safety rests on the send time, not on the wait."""
+        return max(self.check_timeout, self.ttl - self.margin - self.lifetime)
+
 
 class Tenure:
     """What a holder knows about its right to the VIP, and when it must let go (:meth:`verdict`).

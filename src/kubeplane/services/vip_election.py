@@ -251,6 +251,7 @@ class Election:
         announcements = 0
         #: When the address renewed last runs out (the kernel removes it then).
         address_until = 0.0
+        asked_at_once = False
         while True:
             reason = tenure.verdict()
             if reason is not None:
@@ -274,6 +275,11 @@ class Election:
             wake = self.clock() + timing.tick
             if tenure.may_renew(self.clock()):  # keep it alive before the renewals must stop
                 wake = min(wake, tenure.safe_until - timing.lifetime)
+            elif address_until == 0.0 and not asked_at_once:
+                # Won, but the campaign's writes (an fsync each) outlasted the lease's certain life
+                # for a first address: a keep-alive now, not a tick later, lets it be added.
+                asked_at_once = True
+                wake = self.clock()
             await asyncio.sleep(max(0.0, wake - self.clock()))
             sent = self.clock()
             renewed, healthy = await asyncio.gather(self._keepalive(lease_id), self._check())
@@ -286,7 +292,7 @@ class Election:
     async def _keepalive(self, lease_id: int) -> int | None:
         """The TTL etcd renewed the lease for; 0 when etcd says it is gone; None: no answer."""
         try:
-            return await self.etcd.lease_keepalive(lease_id, timeout=self.timing.check_timeout)
+            return await self.etcd.lease_keepalive(lease_id, timeout=self.timing.keepalive_timeout)
         except errors.EtcdNotFound:
             return 0
         except errors.EtcdError as exc:

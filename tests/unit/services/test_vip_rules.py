@@ -473,3 +473,53 @@ def test_the_health_check_leaves_etcd_to_the_lease() -> None:
 
     assert asyncio.run(scenario()) == [True, False, False]
     assert {str(url) for url in asked} == {"https://127.0.0.1:6443/readyz?exclude=etcd"}
+
+
+class _SlowWriteEtcd(_WinningEtcd):
+    """Wins, but the key's write takes ``delay`` (an fsync on a loaded disk); records keep-alives."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.written = 0.0
+        self.keepalives: list[float] = []
+
+    async def create(self, key: bytes, value: bytes, *, lease: int) -> etcd_client.CreateResult:
+        await asyncio.sleep(self.delay)
+        self.written = time.monotonic()
+        return await super().create(key, value, lease=lease)
+
+    async def lease_keepalive(self, lease_id: int, *, timeout: float) -> int:
+        self.keepalives.append(time.monotonic())
+        return await super().lease_keepalive(lease_id, timeout=timeout)
+
+
+def test_a_win_whose_write_outlasted_the_first_address_asks_for_a_keepalive_at_once() -> None:
+    # Granted at t, written at t + 0.6: an address of 1 s then would outlive what the grant
+    # proves (t + 2 - 0.5). A keep-alive sent right away proves the lease to the new send time;
+    # waiting a tick (0.9 s here) for it left the VIP unowned that long after a failover.
+    network = _TimedNetwork()
+    etcd = _SlowWriteEtcd(delay=0.6)
+    timing = vip.Timing(ttl=2, tick=0.9, lifetime=1, margin=0.5)
+
+    async def scenario() -> None:
+        election = _election(etcd, network, timing=timing)
+        task = asyncio.create_task(election.run())
+        async with asyncio.timeout(5):
+            while not election.status.held:
+                await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    first_hold = min(at for call, at in network.calls if call == "hold")
+    assert first_hold - etcd.written < 0.2, "the address waited a tick after the win"
+    # Exactly one keep-alive went before it, sent after the write.
+    assert len([at for at in etcd.keepalives if at < first_hold]) == 1
+    assert all(at >= etcd.written for at in etcd.keepalives)
+
+
+def test_a_keepalive_answer_is_awaited_as_long_as_it_can_allow_a_renewal() -> None:
+    assert vip.Timing().keepalive_timeout == 0.5  # 2 s lease - 0.5 s margin - 1 s address
+    assert vip.Timing(ttl=2, lifetime=1, margin=0.9).keepalive_timeout == vip.Timing().check_timeout
