@@ -470,10 +470,7 @@ class Converter:
         )
         self.ask("confirm disabling pod-checkpointer to proceed with control plane update")
         self.progress.info("disabling pod-checkpointer")
-        self.progress.info(f'deleting daemonset "{CHECKPOINTER}"')
-        deleted = await self._retry(
-            lambda: self.env.delete_daemonset(CHECKPOINTER), what=f'deleting daemonset "{CHECKPOINTER}"'
-        )
+        deleted = await self._delete_daemonset(CHECKPOINTER)
 
         async def checkpointer_gone() -> bool | str:
             left = [p.name for p in await self.env.system_pods() if _owned_by_daemonset(p, CHECKPOINTER)]
@@ -631,10 +628,7 @@ class Converter:
         node_names = [name for _, name in self._nodes]
         for later in COMPONENTS[COMPONENTS.index(component) :]:
             await self.wait_static(later, node_names, ready=False)
-        self.progress.info(f'deleting daemonset "{component}"')
-        deleted = await self._retry(
-            functools.partial(self.env.delete_daemonset, component), what=f'deleting daemonset "{component}"'
-        )
+        deleted = await self._delete_daemonset(component)
         await self.remove_daemonset_pods(component)
         # Every node at once: these components are not behind the load balancer, and each node's
         # wait and kubelet restart concern that node alone.
@@ -760,6 +754,19 @@ class Converter:
             timing=self.timing,
             key=key,
         )
+
+    async def _delete_daemonset(self, name: str) -> bool:
+        """Delete kube-system DaemonSet ``name`` with its pods; says so, or that a run before this
+        one deleted it already. False then."""
+        self.progress.info(f'deleting daemonset "{name}"')
+        deleted = bool(
+            await self._retry(
+                functools.partial(self.env.delete_daemonset, name), what=f'deleting daemonset "{name}"'
+            )
+        )
+        if not deleted:
+            self.progress.info(f'daemonset "{name}" was already deleted')
+        return deleted
 
     async def _retry(self, action: Callable[[], Awaitable[Any]], *, what: str) -> Any:
         """``action`` until it does not raise a retryable error (each one is printed)."""

@@ -303,6 +303,17 @@ def test_rerun_after_key_removal_skips_to_daemonset_replacement() -> None:
     assert lines[-1] == "conversion process completed successfully"
 
 
+def test_a_rerun_says_which_daemonsets_an_earlier_run_deleted() -> None:
+    env = FakeEnv(configs={ip: _config() for ip, _ in NODES}, self_hosted_flag=False)
+    env.daemonsets.discard("kube-apiserver")
+    env.daemonsets.discard("kube-controller-manager")
+    lines = _run(env)
+    assert 'daemonset "kube-controller-manager" was already deleted' in lines
+    assert 'deleting daemonset "kube-scheduler"' in lines
+    assert 'daemonset "kube-scheduler" was already deleted' not in lines
+    assert lines[-1] == "conversion process completed successfully"
+
+
 def test_refuses_persist_false() -> None:
     env = FakeEnv(configs={ip: _config(persist=False) for ip, _ in NODES})
     with pytest.raises(PreflightError, match="persist: false"):
