@@ -53,6 +53,11 @@ def test_a_reader_config_from_config_new_reads_and_changes_nothing(
     assert {"etcd", "kubelet"} <= {s["id"] for s in services}, services
     versions = documents(run_kubeplane(reader, "-n", f"{cp},{worker}", "version", "-o", "json"))
     assert len(versions[0]["servers"]) == 2, versions
+    # The etcd members (ids, names, URLs): the one other etcd call, `etcd leave`, is refused below.
+    listed = run_kubeplane(reader, "-n", cp, "etcd", "members", "-o", "json")
+    (member,) = documents(listed)
+    assert not member["learner"] and any(cp in url for url in member["client_urls"]), member
+    assert "PRIVATE KEY" not in listed.stdout
 
     # It changes nothing, and sees no secret.
     before = documents(cluster.cli("-n", worker, "get", "mc", "-o", "json"))[0]["spec"]
@@ -60,6 +65,7 @@ def test_a_reader_config_from_config_new_reads_and_changes_nothing(
     for args in (
         ("-n", worker, "patch", "mc", "--immediate", "-p", patch),
         ("-n", worker, "reboot"),
+        ("-n", cp, "etcd", "leave"),
         ("-n", cp, "config", "new", "--roles", "admin", str(tmp_path / "admin.config")),
     ):
         refused = run_kubeplane(reader, *args)

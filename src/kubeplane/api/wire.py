@@ -360,7 +360,7 @@ CALLS: tuple[Call, ...] = (
         ),
         access="admin",
     ),
-    Call("EtcdMembers", "etcd_members", access="admin"),
+    Call("EtcdMembers", "etcd_members"),  # names and URLs, no secret: a reader may list them
     Call("EtcdLeave", "etcd_leave", params=(Param("force", bool, default=False),), access="admin"),
     Call(
         "EtcdRemoveMember",

@@ -139,6 +139,7 @@ def test_access_matrix() -> None:
         "Events",
         "Certificates",
         "ServiceList",
+        "EtcdMembers",
     }
     for call in wire.CALLS:
         auth.check_access(call, api.ROLE_ADMIN)
