@@ -9,8 +9,9 @@ Run against a local cluster at the source version (``kubeplane cluster create`` 
     .venv/bin/python bench/bench_upgrade.py --kubeplaneconfig CLIENT_CONFIG \\
         --kubeconfig KUBECONFIG [--state KUBEPLANE_STATE_DIR] [--to v1.20.2-kp.1]
 
-The run helpers and the request probe are the e2e test's (tests/e2e/test_upgrade.py), so the
-benchmark measures exactly what the test checks.
+The run helpers and the request pollers (HTTP/1.1 kept alive, and HTTP/2) are the e2e test's
+(tests/e2e/test_upgrade.py, tests/e2e/e2e_clients.py), so the benchmark measures exactly what the
+test checks.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "e2e"))
 
-from test_upgrade import COMPONENTS, TARGET, ApiProbe, run_cli, step_seconds
+from e2e_clients import ApiPoller, Http2Poller, run_cli
+from test_upgrade import COMPONENTS, TARGET, step_seconds
 
 REFERENCE_STEP_SECONDS = 127 / 9
 
@@ -39,7 +41,7 @@ def main() -> None:
     env = {"KUBEPLANECONFIG": args.kubeplaneconfig, **({"KUBEPLANE_STATE": args.state} if args.state else {})}
 
     started = time.monotonic()
-    with ApiProbe(Path(args.kubeconfig)) as probe:
+    with ApiPoller(Path(args.kubeconfig)) as probe, Http2Poller(Path(args.kubeconfig)) as h2_probe:
         run = run_cli(env, "upgrade-k8s", "--to", args.to)
     total = time.monotonic() - started
     if args.show_output:
@@ -62,10 +64,13 @@ def main() -> None:
         )
     print(f"total: {total:.1f}s (reference 127s for the 9 component steps, kube-proxy not included)")
     print(
-        f"API requests through the endpoint: {probe.requests}, failed: {len(probe.failures)} "
-        f"(keep-alive connection closed by a stopping API server: {len(probe.closed)})"
+        f"API requests through the endpoint, HTTP/1.1 kept alive: {probe.requests}, failed: "
+        f"{len(probe.failures)} (keep-alive connection closed by a stopping API server: "
+        f"{len(probe.closed)}), longest gap {probe.longest_gap:.1f}s; HTTP/2: {h2_probe.requests}, "
+        f"failed: {len(h2_probe.failures)}, sent again after a GOAWAY: {len(h2_probe.retried)}, "
+        f"longest gap {h2_probe.longest_gap:.1f}s"
     )
-    for failure in probe.failures:
+    for failure in [*probe.failures, *h2_probe.failures]:
         print(f"  {failure}")
 
 
