@@ -34,6 +34,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from conftest import E2ECluster, _cluster
@@ -209,6 +210,22 @@ def wait_owner(cluster: E2ECluster, nodes: list[state.NodeState], *, timeout: fl
     return found[0]
 
 
+def election_logs(cluster: E2ECluster, *, lines: int = 15) -> str:
+    """Each node's last VIP election lines from its agent's logs (why it took or gave the VIP
+    up): what a failure needs once the nodes' statuses have moved on."""
+    words = ("VIP", "took ", "gave up", "lapses", "health check", vip.KEY_PREFIX.decode())
+    out = []
+    for node in cluster.state().nodes:
+        found: list[str] = []
+        for name in ("kubeplaned.log", "controller-runtime.log"):
+            log = Path(node.root_dir) / "var/log/kubeplane" / name
+            if log.is_file():
+                text = log.read_text(errors="replace").splitlines()
+                found += [line for line in text if any(word in line for word in words)]
+        out.append(f"--- {node.name} ---\n" + "\n".join(sorted(found)[-lines:]))
+    return "\n".join(out)
+
+
 def holder_changes(samples: list[Sample], since: float) -> list[tuple[float, list[str]]]:
     """When (seconds after ``since``) the holders seen from the host changed, and to whom."""
     changes: list[tuple[float, list[str]]] = []
@@ -319,9 +336,14 @@ def test_the_vip_is_the_endpoint_and_moves_on_every_loss(vip_cluster: E2ECluster
                     seen: object = vip_statuses(cluster, nodes)
                 except Exception as exc:  # the message must not hide the failure
                     seen = exc
+                try:
+                    logs = election_logs(cluster)
+                except OSError as exc:
+                    logs = f"(no logs: {exc})"
                 return (
                     f"the VIP moved again {when}: holders seen from the host, by seconds after the "
-                    f"loss: {holder_changes(watch.samples, lost_at)}; as the nodes see it: {seen}"
+                    f"loss: {holder_changes(watch.samples, lost_at)}; as the nodes see it: {seen}\n"
+                    f"the nodes' election logs:\n{logs}"
                 )
 
             assert wait_owner(cluster, others, timeout=30) == new_owner, moved_again("after the failover")
@@ -391,6 +413,7 @@ def test_the_vip_is_the_endpoint_and_moves_on_every_loss(vip_cluster: E2ECluster
         )
     print(f"while the cut-off node came back: {len(rejoined)} failed requests {rejoined}")
     print(f"{len(watch.samples)} samples from the host; module test time {time.monotonic() - began:.0f}s")
+    print(f"the nodes' election logs:\n{election_logs(cluster, lines=40)}")
     assert max(len(s.holders) for s in watch.samples) == 1, "two nodes held the VIP at once"
     assert max(len(s.answers) for s in watch.samples) == 1, "two MACs answered ARP for the VIP at once"
     assert [f.kind for f in failovers] == ["SIGKILL", "SIGTERM", "link down"]

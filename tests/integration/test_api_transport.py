@@ -383,7 +383,7 @@ def test_admin_can_make_every_call(certs: PKI) -> None:
 
 
 def test_reader_reads_but_is_refused_secrets_config_and_changes(certs: PKI) -> None:
-    allowed = {"Version", "ListDir", "Logs", "ServiceList", "Events", "Certificates"}
+    allowed = {"Version", "ListDir", "Logs", "ServiceList", "Events", "Certificates", "EtcdMembers"}
 
     async def scenario() -> None:
         async with nodes(certs, ["127.0.0.1"]) as (servers, backends):

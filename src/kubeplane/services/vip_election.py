@@ -118,6 +118,8 @@ class Election:
         self.status = Status(reason="starting")
         #: The standing lease a waiting node campaigns with (None: grant one at the next campaign).
         self._lease: int | None = None
+        #: Why the last failed health check failed (for the holder's log).
+        self._check_failure = ""
 
     def _set(self, status: Status) -> None:
         if status != self.status:
@@ -288,6 +290,12 @@ class Election:
             elif renewed is not None:
                 tenure.keepalive(sent=sent, ttl=renewed)
             tenure.health(healthy)
+            if not healthy:
+                log.info(
+                    "the local kube-apiserver failed a health check (%s; %d in a row)",
+                    self._check_failure,
+                    tenure.failed_checks,
+                )
 
     async def _keepalive(self, lease_id: int) -> int | None:
         """The TTL etcd renewed the lease for; 0 when etcd says it is gone; None: no answer."""
@@ -302,9 +310,12 @@ class Election:
     async def _check(self) -> bool:
         try:
             async with asyncio.timeout(self.timing.check_timeout):
-                return await self.healthy()
+                ok = await self.healthy()
         except TimeoutError:
+            self._check_failure = f"no answer within {self.timing.check_timeout}s"
             return False
+        self._check_failure = "" if ok else "not ready"
+        return ok
 
     async def _give_up(self, lease_id: int, reason: str) -> None:
         """Remove the address, then revoke the lease: the order that keeps the VIP single-owned."""
