@@ -156,30 +156,29 @@ class ApiServer:
         data = self._request(f"/api/v1/pods?{query}")
         return tuple(data.get("items") or ())
 
-    def daemonset_exists(self, namespace: str, name: str) -> bool:
-        """Whether DaemonSet `namespace`/`name` exists (a 404 is the answer "no")."""
-        path = (
-            f"/apis/apps/v1/namespaces/{urllib.parse.quote(namespace)}/daemonsets/{urllib.parse.quote(name)}"
-        )
-        try:
-            self._request(path)
-        except SourceRejected as exc:
-            if "HTTP 404" in str(exc):
-                return False
-            raise
-        return True
-
-    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """A Secret or ConfigMap; None when it does not exist."""
-        plural = {"Secret": "secrets", "ConfigMap": "configmaps"}[kind]
-        path = f"/api/v1/namespaces/{urllib.parse.quote(namespace)}/{plural}/{urllib.parse.quote(name)}"
+    def _get_or_none(self, path: str) -> dict[str, Any] | None:
+        """The object at `path`; None when the API server answers 404."""
         try:
             obj: dict[str, Any] = self._request(path)
         except SourceRejected as exc:
             if "HTTP 404" in str(exc):
                 return None
             raise
-        obj.setdefault("kind", kind)
+        return obj
+
+    def daemonset_exists(self, namespace: str, name: str) -> bool:
+        """Whether DaemonSet `namespace`/`name` exists (a 404 is the answer "no")."""
+        quoted = f"{urllib.parse.quote(namespace)}/daemonsets/{urllib.parse.quote(name)}"
+        return self._get_or_none(f"/apis/apps/v1/namespaces/{quoted}") is not None
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Secret or ConfigMap; None when it does not exist."""
+        plural = {"Secret": "secrets", "ConfigMap": "configmaps"}[kind]
+        obj = self._get_or_none(
+            f"/api/v1/namespaces/{urllib.parse.quote(namespace)}/{plural}/{urllib.parse.quote(name)}"
+        )
+        if obj is not None:
+            obj.setdefault("kind", kind)
         return obj
 
 

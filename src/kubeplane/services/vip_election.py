@@ -118,8 +118,6 @@ class Election:
         self.status = Status(reason="starting")
         #: The standing lease a waiting node campaigns with (None: grant one at the next campaign).
         self._lease: int | None = None
-        #: Why the last failed health check failed (for the holder's log).
-        self._check_failure = ""
 
     def _set(self, status: Status) -> None:
         if status != self.status:
@@ -150,7 +148,7 @@ class Election:
 
     async def _round(self) -> None:
         tick = self.timing.tick
-        if not await self._check():
+        if await self._unhealthy():
             self._set(
                 dataclasses.replace(self.status, reason="waiting for the local kube-apiserver to answer")
             )
@@ -284,16 +282,16 @@ class Election:
                 wake = self.clock()
             await asyncio.sleep(max(0.0, wake - self.clock()))
             sent = self.clock()
-            renewed, healthy = await asyncio.gather(self._keepalive(lease_id), self._check())
+            renewed, unhealthy = await asyncio.gather(self._keepalive(lease_id), self._unhealthy())
             if renewed == 0:
                 tenure.lost()
             elif renewed is not None:
                 tenure.keepalive(sent=sent, ttl=renewed)
-            tenure.health(healthy)
-            if not healthy:
+            tenure.health(not unhealthy)
+            if unhealthy:
                 log.info(
                     "the local kube-apiserver failed a health check (%s; %d in a row)",
-                    self._check_failure,
+                    unhealthy,
                     tenure.failed_checks,
                 )
 
@@ -307,15 +305,13 @@ class Election:
             log.info("VIP lease keep-alive failed: %s", exc)
             return None
 
-    async def _check(self) -> bool:
+    async def _unhealthy(self) -> str:
+        """Why the local kube-apiserver failed its health check; empty when it passed."""
         try:
             async with asyncio.timeout(self.timing.check_timeout):
-                ok = await self.healthy()
+                return "" if await self.healthy() else "not ready"
         except TimeoutError:
-            self._check_failure = f"no answer within {self.timing.check_timeout}s"
-            return False
-        self._check_failure = "" if ok else "not ready"
-        return ok
+            return f"no answer within {self.timing.check_timeout}s"
 
     async def _give_up(self, lease_id: int, reason: str) -> None:
         """Remove the address, then revoke the lease: the order that keeps the VIP single-owned."""
