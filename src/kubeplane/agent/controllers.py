@@ -17,6 +17,7 @@ from kubeplane.controllers.k8s import (
     kubelet_static_pod,
     manifest,
     manifest_apply,
+    mirror_status,
     node_cidr,
     static_pod,
 )
@@ -49,6 +50,7 @@ def for_node(*, paths: NodePaths, wireguard: wireguard_io.Daemons) -> list[Contr
         manifest_apply.ManifestApplyController(),
         kubelet_csr.KubeletCSRController(),
         node_cidr.NodeCIDRController(),
+        mirror_status.MirrorPodStatusController(),
         pod_network.PodNetworkController(paths=paths),
         machine_network.MachineNetworkController(paths=paths, wireguard=wireguard),
         vip.VipController(),
