@@ -8,7 +8,8 @@ libraries plus the kubeplane modules the program imports, so they share this bui
 1. ``python-rootfs``: ``debootstrap --variant=minbase --include=<PACKAGES> bookworm`` from the
    Debian mirror the machine's apt sources already use, then stripped of what a container never
    reads (apt lists and caches, documentation except copyright files, man/info pages, locales,
-   logs). One rootfs serves every recipe (one debootstrap per machine, not per image); it is
+   logs, httpx's command line client's libraries, Python's test suite, iconv modules,
+   perl). One rootfs serves every recipe (one debootstrap per machine, not per image); it is
    cached under ``<cache>/python-images/rootfs-<key>/``, where the key is a hash of everything
    that shaped it (suite, variant, package list, mirror, :data:`RECIPE_VERSION`): the same inputs
    reuse it, a changed input builds a new one beside it.
@@ -54,7 +55,7 @@ VARIANT = "minbase"
 #: Debian packages of the shared rootfs: Python and every library a recipe's closure imports.
 PACKAGES = ("python3", "python3-yaml", "python3-dnspython", "python3-httpx")
 #: Bump when the strip list or the layout changes, so cached rootfs trees are rebuilt.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 PYTHON_PATH = PurePosixPath("/usr/lib/python3/dist-packages")
 #: Below the cache directory.
 CACHE_SUBDIR = "python-images"
@@ -71,6 +72,20 @@ _STRIP = (
     "usr/share/locale/*",
     "usr/share/lintian/*",
     "usr/share/bug/*",
+    # httpx's command line client and what only it imports (httpx itself runs without them).
+    "usr/lib/python3/dist-packages/click",
+    "usr/lib/python3/dist-packages/markdown_it",
+    "usr/lib/python3/dist-packages/mdurl",
+    "usr/lib/python3/dist-packages/pygments",
+    "usr/lib/python3/dist-packages/rich",
+    # The interpreter's own test suite and pydoc's topics; glibc's iconv modules (Python's codecs
+    # are its own); perl, which only dpkg's and debconf's scripts run.
+    "usr/lib/python3.*/test",
+    "usr/lib/python3.*/pydoc_data",
+    "usr/lib/x86_64-linux-gnu/gconv",
+    "usr/lib/x86_64-linux-gnu/perl-base",
+    "usr/bin/perl*",
+    "usr/share/perl5",
 )
 _COMPLETE_MARKER = ".kubeplane-rootfs.json"
 _STAMP_FORMAT = 1
