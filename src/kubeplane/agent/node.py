@@ -69,6 +69,7 @@ from kubeplane.clients import errors as client_errors
 from kubeplane.config.paths import NodePaths
 from kubeplane.controllers.network import vip as vip_controller
 from kubeplane.controllers.secrets import common as secrets_common
+from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
 from kubeplane.resources import catalog
 from kubeplane.runtime import Controller, Runtime
 from kubeplane.services import logs as service_logs
@@ -1219,9 +1220,7 @@ class Node:
         kubeconfigs; the CAs, etcd's and the kubelet's certificates stay as they are.
         """
         state = self.state
-        secret = (
-            state.find(catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, "k8s-certs") if state else None
-        )
+        secret = self._kubernetes_secrets()
         if state is None or secret is None:
             raise api.FailedPreconditionError(
                 f"node {self.name} holds no Kubernetes certificates to renew (only control plane "
@@ -1230,14 +1229,18 @@ class Node:
         now = datetime.datetime.now(datetime.UTC)
         asked = now if not_before is None else datetime.datetime.fromtimestamp(not_before, datetime.UTC)
         requested = min(asked, now)
-        previous = state.find(catalog.CONTROLPLANE_NAMESPACE, catalog.CERTIFICATE_RENEWALS, "k8s-certs")
+        previous = state.find(
+            catalog.CONTROLPLANE_NAMESPACE,
+            catalog.CERTIFICATE_RENEWALS,
+            kubernetes_secrets.KUBERNETES_SECRETS_ID,
+        )
         if previous is not None:
             earlier = datetime.datetime.fromisoformat(str(previous.spec.to_dict()["notBefore"]))
             requested = max(requested, earlier)
         state.modify(
             catalog.CONTROLPLANE_NAMESPACE,
             catalog.CERTIFICATE_RENEWALS,
-            "k8s-certs",
+            kubernetes_secrets.KUBERNETES_SECRETS_ID,
             lambda _: catalog.CertificateRenewalSpec(not_before=requested.isoformat()),
         )
         certificates = secret.spec.to_dict()
@@ -1256,11 +1259,17 @@ class Node:
             "renewing": renewing,
         }
 
-    def kubeconfig(self) -> dict[str, Any]:
+    def _kubernetes_secrets(self) -> resources.Resource | None:
+        """The node's KubernetesSecrets (control plane nodes only); None without one or a state."""
         state = self.state
-        secret = (
-            state.find(catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, "k8s-certs") if state else None
+        if state is None:
+            return None
+        return state.find(
+            catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, kubernetes_secrets.KUBERNETES_SECRETS_ID
         )
+
+    def kubeconfig(self) -> dict[str, Any]:
+        secret = self._kubernetes_secrets()
         text = secret.spec.to_dict().get("adminKubeconfig") if secret is not None else None
         if not text:
             try:

@@ -85,7 +85,6 @@ CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kube
 MASTER_TAINT = "node-role.kubernetes.io/master=:NoSchedule"
 #: The group and lifetime of the first kubelet client certificate a control plane node signs (the
 #: kube-controller-manager's default signing duration: what a CSR would have got).
-NODES_GROUP = "system:nodes"
 KUBELET_CLIENT_LIFETIME = datetime.timedelta(days=365)
 #: Seconds a worker's kubelet waits for the control plane endpoint before its TLS bootstrap; then
 #: it starts anyway (and its own retries and log take over).
@@ -711,7 +710,7 @@ class NodeServices:
         client = pki.issue(
             ca=authority,
             common_name=user,
-            organizations=(NODES_GROUP,),
+            organizations=(kube.NODES_GROUP,),
             usages=("client",),
             lifetime=KUBELET_CLIENT_LIFETIME,
         )
@@ -787,7 +786,7 @@ class NodeServices:
     async def _label_node(self) -> None:
         """Add the control plane role labels once the node registered (kubelet may not self-label)."""
         patch = {"metadata": {"labels": dict.fromkeys(CONTROL_PLANE_LABELS, "")}}
-        path = f"/api/v1/nodes/{self.name}"
+        path = kube.node_path(self.name)
         while True:
             try:
                 async with kube.KubeClient(self.admin_kubeconfig(), timeout=5.0) as api:

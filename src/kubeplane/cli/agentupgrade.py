@@ -255,7 +255,7 @@ def upgrade(
         hostname = str(said.get("hostname") or node)
         try:
             async with kube.KubeClient(await admin_kubeconfig()) as cluster:
-                found = await cluster.get_or_none(f"/api/v1/nodes/{hostname}")
+                found = await cluster.get_or_none(kube.node_path(hostname))
         except client_errors.KubeError as exc:
             return f"the Kubernetes API does not answer ({exc})"
         if found is None or not kube.is_ready(found):

@@ -419,7 +419,7 @@ def _finish_local(name: str, request: kubeadm_ha.Request) -> None:
 
 async def _summary(admin: str, endpoint: str) -> dict[str, Any]:
     async with kube_client.KubeClient(kubeadm_ha.with_server(admin, endpoint), timeout=10.0) as api:
-        nodes = await api.list("/api/v1/nodes")
+        nodes = await api.list(kube_client.NODES_PATH)
     rows = []
     for node in nodes:
         addresses = (node.get("status") or {}).get("addresses") or []

@@ -177,7 +177,7 @@ class KubeAPIAdapter:
 
     async def nodes(self) -> list[upgrade.ClusterNode]:
         nodes = []
-        for item in await self.api.list("/api/v1/nodes"):
+        for item in await self.api.list(kube_client.NODES_PATH):
             labels = item["metadata"].get("labels") or {}
             addresses = [
                 a["address"]
@@ -236,7 +236,7 @@ class KubeAPIAdapter:
         await self.api.patch(path, body, patch_type="strategic")
 
     async def kubelet(self, node_name: str) -> upgrade.KubeletState | None:
-        item = await self.api.get_or_none(f"/api/v1/nodes/{node_name}")
+        item = await self.api.get_or_none(kube_client.node_path(node_name))
         if item is None:
             return None
         return upgrade.KubeletState(

@@ -64,6 +64,17 @@ RETRYABLE: tuple[type[BaseException], ...] = (errors.KubeUnavailable, errors.Etc
 
 #: Patch flavours and their content types. ``strategic`` merges lists by key (containers by
 #: name), ``merge`` (RFC 7386) replaces lists whole, ``json`` is an RFC 6902 list of operations.
+#: The Nodes collection.
+NODES_PATH = "/api/v1/nodes"
+#: The group of every kubelet's client certificate (``O=`` of ``CN=system:node:<name>``).
+NODES_GROUP = "system:nodes"
+
+
+def node_path(name: str) -> str:
+    """The path of the Node ``name``."""
+    return f"{NODES_PATH}/{name}"
+
+
 PatchType = Literal["merge", "strategic", "json"]
 _PATCH_TYPES: dict[str, str] = {
     "merge": "application/merge-patch+json",

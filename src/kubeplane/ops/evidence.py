@@ -104,7 +104,7 @@ async def _kube(
             found["server"] = client.server
             found["readyz"], body = await client.raw_get("/readyz")
             found["readyz_body"] = " ".join(body.split())[:200]
-            found["nodes"] = tuple(_kube_node(n) for n in await client.list("/api/v1/nodes"))
+            found["nodes"] = tuple(_kube_node(n) for n in await client.list(kube_client.NODES_PATH))
             pods = await client.list(f"/api/v1/namespaces/{health.SYSTEM_NAMESPACE}/pods")
             found["pods"] = tuple(_pod(p) for p in pods)
             csrs = await client.list("/apis/certificates.k8s.io/v1/certificatesigningrequests")

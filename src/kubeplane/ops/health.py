@@ -333,7 +333,7 @@ def kube_call(kube: KubeFactory, call: Callable[[kube_client.KubeClient], Awaita
 
 async def _nodes_by_ip(api: kube_client.KubeClient) -> dict[str, Any]:
     found = {}
-    for node in await api.list("/api/v1/nodes"):
+    for node in await api.list(kube_client.NODES_PATH):
         for address in (node.get("status") or {}).get("addresses") or []:
             if address.get("type") == "InternalIP":
                 found[address["address"]] = node

@@ -685,7 +685,7 @@ class KubeadmHA:
 
         async def attempt() -> bool:
             async with self.kube() as api:
-                item = await api.get(f"/api/v1/nodes/{node}")
+                item = await api.get(kube_client.node_path(node))
             conditions: list[dict[str, Any]] = (item.get("status") or {}).get("conditions") or []
             ready = next((c for c in conditions if c.get("type") == "Ready"), {})
             heartbeat = str(ready.get("lastHeartbeatTime") or "")
@@ -915,7 +915,7 @@ class KubeadmHA:
         """Whether ``machine`` is a registered control plane node whose etcd member votes and
         answers (asked directly: its pod's Ready can lag behind by a minute on a fresh kubelet)."""
         async with self.kube(self.request.endpoint) as api:
-            node = await api.get_or_none(f"/api/v1/nodes/{machine.name}")
+            node = await api.get_or_none(kube_client.node_path(machine.name))
         if node is None or not is_control_plane(node):
             return False
         member = await self._member(machine)

@@ -29,7 +29,7 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 
 def node_path(name: str) -> str:
-    return f"/api/v1/nodes/{name}"
+    return kube_client.node_path(name)
 
 
 def evictable(pod: Mapping[str, Any]) -> bool:

@@ -651,7 +651,7 @@ class Shrink:
 
     def _delete_node(self, node: state_mod.NodeState) -> plan_module.Outcome:
         try:
-            _kube(self.access, lambda client: client.delete(f"/api/v1/nodes/{node.name}"))
+            _kube(self.access, lambda client: client.delete(kube.node_path(node.name)))
         except client_errors.KubeNotFound:
             return plan_module.SKIPPED
         except client_errors.KubeError as exc:

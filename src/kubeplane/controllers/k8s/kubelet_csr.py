@@ -64,7 +64,6 @@ SUBJECT_ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 BOOTSTRAP_USER_PREFIX = "system:bootstrap:"
 BOOTSTRAPPERS_GROUP = "system:bootstrappers"
-NODES_GROUP = "system:nodes"
 NODE_USER_PREFIX = "system:node:"
 #: The reason of the ``Approved`` condition this controller writes.
 REASON = "KubeplaneAutoApproved"
@@ -121,7 +120,7 @@ def bootstrap_request(csr: Mapping[str, Any]) -> BootstrapRequest | str:
     subject = request.subject
     organizations = [str(a.value) for a in subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
     common_names = [str(a.value) for a in subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
-    if organizations != [NODES_GROUP] or len(common_names) != 1:
+    if organizations != [kube.NODES_GROUP] or len(common_names) != 1:
         return f"subject {subject.rfc4514_string()!r}"
     node = common_names[0].removeprefix(NODE_USER_PREFIX)
     if not common_names[0].startswith(NODE_USER_PREFIX) or len(node) > 253 or not _NODE_NAME.fullmatch(node):
@@ -140,7 +139,7 @@ def sign(ca: pki.CertKey, checked: BootstrapRequest) -> bytes:
         usages=("client",),
         lifetime=LIFETIME,
         common_name=NODE_USER_PREFIX + checked.node,
-        organizations=(NODES_GROUP,),
+        organizations=(kube.NODES_GROUP,),
     )
 
 

@@ -40,10 +40,10 @@ from kubeplane.clients import errors as client_errors
 from kubeplane.clients import kube
 from kubeplane.controllers import ControllerError
 from kubeplane.controllers.k8s import etcd_access, outputs, render
+from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
 from kubeplane.resources import Resource, catalog
 from kubeplane.runtime import ControllerLogger, Input, Output, ReconcileContext
 
-K8S_CERTS_ID = "k8s-certs"
 STATUS_ID = "manifests"
 #: The controller's background task that waits for the endpoint and the lock, then applies.
 APPLY_TASK = "apply"
@@ -201,7 +201,9 @@ class ManifestApplyController:
         Input(catalog.CONTROLPLANE_NAMESPACE, catalog.MANIFESTS),
         Input(catalog.EXTRAS_NAMESPACE, catalog.MANIFESTS),
         Input(catalog.RUNTIME_NAMESPACE, catalog.BOOTSTRAP_STATUSES, catalog.BOOTSTRAP_STATUS_ID),
-        Input(catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, K8S_CERTS_ID),
+        Input(
+            catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, kubernetes_secrets.KUBERNETES_SECRETS_ID
+        ),
         Input(catalog.SECRETS_NAMESPACE, catalog.ETCD_SECRETS, etcd_access.ETCD_SECRETS_ID),
     )
     outputs = (Output(catalog.MANIFEST_STATUSES),)
@@ -247,7 +249,9 @@ class ManifestApplyController:
         if bootstrap.spec.self_hosted_control_plane:
             ctx.logger.debug("control plane is self-hosted; not applying manifests")
             return None
-        k8s = ctx.find(catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, K8S_CERTS_ID)
+        k8s = ctx.find(
+            catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, kubernetes_secrets.KUBERNETES_SECRETS_ID
+        )
         etcd = ctx.find(catalog.SECRETS_NAMESPACE, catalog.ETCD_SECRETS, etcd_access.ETCD_SECRETS_ID)
         kubeconfig = str(k8s.spec.to_dict().get("localAdminKubeconfig") or "") if k8s else ""
         if not kubeconfig or k8s is None or etcd is None:

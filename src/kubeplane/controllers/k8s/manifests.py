@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubeplane.clients import kube
 from kubeplane.controllers.k8s import RenderError, render
 
 __all__ = [
@@ -103,7 +104,7 @@ def render_bootstrap_manifests(inputs: ManifestInputs) -> dict[str, list[dict[st
             _cluster_role_binding(
                 "auto-approve-renewals-for-nodes",
                 "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
-                [_group("system:nodes")],
+                [_group(kube.NODES_GROUP)],
             )
         ],
         # Workers find the control plane nodes' own addresses (trustd signs only the address a
@@ -241,7 +242,7 @@ def _default_pod_security_policy() -> list[dict[str, Any]]:
         [{**_rule(["policy"], ["podsecuritypolicies"], ["use"]), "resourceNames": ["privileged"]}],
     )
     binding = _cluster_role_binding(
-        "psp:privileged", "psp:privileged", [_group("system:serviceaccounts"), _group("system:nodes")]
+        "psp:privileged", "psp:privileged", [_group("system:serviceaccounts"), _group(kube.NODES_GROUP)]
     )
     return [policy, role, binding]
 

@@ -44,7 +44,6 @@ from kubeplane.resources import Resource, catalog
 from kubeplane.runtime import ControllerLogger, Input, Output, ReconcileContext
 from kubeplane.services import cni
 
-NODES_PATH = "/api/v1/nodes"
 #: Serialises the assignment across control plane nodes (the list and the patches under it).
 NODE_CIDR_MUTEX = etcd_access.KEY_PREFIX + b"nodeCIDRMutex"
 WATCH_TASK = "nodes"
@@ -191,7 +190,7 @@ async def assign_pending(
     api: kube.KubeClient, pool_list: Sequence[Pool], logger: ControllerLogger
 ) -> Outcome:
     """List the nodes and give each without a pod CIDR its blocks (call it under the lock)."""
-    nodes = await api.list(NODES_PATH)
+    nodes = await api.list(kube.NODES_PATH)
     plan = assign(pool_list, nodes)
     if plan.starved:
         logger.warning("%s: no pod CIDR for node %s", plan.full, ", ".join(plan.starved))
@@ -203,7 +202,7 @@ async def assign_pending(
             "spec": {"podCIDR": cidrs[0], "podCIDRs": cidrs},
         }
         try:
-            await api.patch(f"{NODES_PATH}/{name}", patch, patch_type="merge")
+            await api.patch(f"{kube.NODES_PATH}/{name}", patch, patch_type="merge")
         except (client_errors.KubeConflict, client_errors.KubeNotFound):
             # Changed or deleted since the list: the watch brings it back if it still needs one.
             logger.debug("node %s changed before its pod CIDR was written; looking again", name)
@@ -331,7 +330,7 @@ class NodeCIDRController(api_watch.WatchingController[_Settings]):
 
         await api_watch.follow(
             lambda: self.kube_client(settings.kubeconfig),
-            NODES_PATH,
+            kube.NODES_PATH,
             listed=listed,
             changed=changed,
             logger=logger,

@@ -43,7 +43,6 @@ from kubeplane.services import cni, kubelet, podnet
 CNI_HOST_GW = "host-gw"
 WATCH_TASK = "nodes"
 STATUS_ID = "current"
-NODES_PATH = "/api/v1/nodes"
 CONFLIST_MODE = 0o644
 
 #: Nodes by name, as far as the pod network cares.
@@ -228,10 +227,10 @@ class PodNetworkController:
 async def watch_nodes(api: kube.KubeClient, known: Snapshot | None, *, timeout: int) -> Snapshot:
     """List the Nodes; when they are ``known`` already, watch until that changes or the server ends
     the watch after ``timeout`` seconds. Returns the current Nodes."""
-    items, version = await api.list_with_version(NODES_PATH)
+    items, version = await api.list_with_version(kube.NODES_PATH)
     nodes = {node.name: node for node in map(cni.node_net, items)}
     if nodes == known:
-        events = api.watch(NODES_PATH, version, timeout_seconds=timeout)
+        events = api.watch(kube.NODES_PATH, version, timeout_seconds=timeout)
         async with contextlib.aclosing(events):
             async for kind, obj in events:
                 if kind == "BOOKMARK":

@@ -127,7 +127,7 @@ class FakeNodes:
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
-        if path == node_cidr.NODES_PATH and request.url.params.get("watch"):
+        if path == kube.NODES_PATH and request.url.params.get("watch"):
             self.watches += 1
             events, self.watched = self.watched, []
             for kind, obj in events:
@@ -137,7 +137,7 @@ class FakeNodes:
                     self.nodes[obj["metadata"]["name"]] = obj
             lines = [json.dumps({"type": kind, "object": obj}) for kind, obj in events]
             return httpx.Response(200, content="\n".join(lines).encode())
-        if path == node_cidr.NODES_PATH:
+        if path == kube.NODES_PATH:
             items = list(self.nodes.values())
             return httpx.Response(200, json={"metadata": {"resourceVersion": "9"}, "items": items})
         name = path.rsplit("/", 1)[1]

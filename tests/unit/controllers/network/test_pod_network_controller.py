@@ -81,7 +81,7 @@ class FakeApi:
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(str(request.url))
-        assert request.url.path == pod_network.NODES_PATH
+        assert request.url.path == kube.NODES_PATH
         if request.url.params.get("watch") == "1":
             lines = []
             while self.pending:
