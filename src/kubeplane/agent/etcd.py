@@ -13,7 +13,9 @@ How the service starts (``pre_start``, once per start request; crashes just resp
 4. otherwise join: ask the control plane endpoint for ``Endpoints default/kubernetes`` with a
    one-hour ``system:masters`` certificate signed by the cluster CA, open an etcd client to
    those addresses, add our member as a learner (:func:`join`), start with
-   ``initial-cluster-state=existing``. Every failed attempt is a service event and is retried.
+   ``initial-cluster-state=existing``. Every failed attempt is a service event and is retried;
+   while etcd only says the cluster is settling (another learner joining), the join is asked
+   again every half second first (:meth:`EtcdMember._join`).
 
 Membership rules (the pure decision is :func:`kubeplane.services.etcd.plan_join`):
 
@@ -22,7 +24,9 @@ Membership rules (the pure decision is :func:`kubeplane.services.etcd.plan_join`
   its quorum. The health check promotes it (``MemberPromote``, sent to the members it joined
   through, since a learner serves no cluster calls): etcd refuses while the learner is behind
   (``EtcdLearnerNotReady``), the check reports "catching up" and the next one asks again, until
-  etcd accepts. The node's etcd counts as healthy only once it votes.
+  etcd accepts. Until its first success the check runs every half second (then every 5 s), so a
+  learner votes about a second after it started. The node's etcd counts as healthy only once it
+  votes.
 - **A member whose data dir was lost is removed and re-added.** A joining node's data dir is
   empty by definition, so a member listed under our name has lost the raft log it acknowledged;
   started again under that ID with an empty log, etcd panics or diverges. It is removed and we
@@ -62,6 +66,12 @@ log = logging.getLogger("kubeplaned.etcd")
 SERVICE_ID = "etcd"
 #: How long a joining node keeps trying before its events say it gave up waiting (it still retries).
 JOIN_PATIENCE = 600.0
+#: A joining node asks again this often (seconds) while the cluster is settling, for up to
+#: JOIN_POLL_WINDOW seconds per pre-start attempt (see :meth:`EtcdMember._join`).
+JOIN_POLL = 0.5
+JOIN_POLL_WINDOW = 15.0
+#: Health checks until the first success (a learner's promotion): seconds between two.
+STARTUP_CHECK_INTERVAL = 0.5
 _PROBE_TIMEOUT = 3.0
 
 
@@ -168,8 +178,11 @@ class EtcdMember:
             id=SERVICE_ID,
             command=self._command,
             pre_start=self._prepare,
-            health=supervisor.HealthCheck(self._health, interval=5.0, timeout=5.0),
-            backoff=supervisor.Backoff(initial=1.0, maximum=5.0),
+            health=supervisor.HealthCheck(
+                self._health, interval=5.0, timeout=5.0, startup_interval=STARTUP_CHECK_INTERVAL
+            ),
+            # At most 2 s between pre-start tries: a joining node waits for the endpoint there.
+            backoff=supervisor.Backoff(initial=1.0, maximum=2.0),
         )
 
     async def _command(self) -> process.Command:
@@ -246,6 +259,13 @@ class EtcdMember:
         log.info("etcd: restored the snapshot into %s", data)
 
     async def _join(self, peer: str) -> etcd_rules.JoinPlan:
+        """Join through the control plane endpoint. While etcd says the cluster is settling (a
+        learner already joining, a member not started yet, no quorum for a moment) the join is
+        asked again every :data:`JOIN_POLL` seconds for up to :data:`JOIN_POLL_WINDOW`: that
+        clears within seconds, and waiting out the supervisor's back-off instead made a third
+        control plane node start up to 10 s after the second one's promotion. Anything else (the
+        endpoint not up yet, a refusal), or a window that ran out, fails the pre-start step: a
+        service event, tried again after the back-off."""
         if self._join_started is None:
             self._join_started = time.monotonic()
         waited = time.monotonic() - self._join_started
@@ -254,11 +274,24 @@ class EtcdMember:
             endpoints = await self.discover()
         except Exception as exc:
             raise EtcdNotReady(f"control plane endpoint not up yet{patience}: {_describe(exc)}") from exc
-        async with self.client(endpoints) as client:
-            try:
-                plan = await join(client, name=self.name, peer=peer)
-            except client_errors.EtcdError as exc:
-                raise EtcdNotReady(f"joining etcd at {', '.join(endpoints)}{patience}: {exc}") from exc
+        where = f"joining etcd at {', '.join(endpoints)}"
+
+        async def attempt() -> etcd_rules.JoinPlan:
+            async with self.client(endpoints) as client:
+                try:
+                    return await join(client, name=self.name, peer=peer)
+                except client_errors.EtcdError as exc:
+                    if exc.retryable:
+                        raise retry.NotYet(str(exc)) from exc
+                    raise EtcdNotReady(f"{where}{patience}: {exc}") from exc
+
+        wait = retry.Wait(
+            what="etcd to let this node join", timeout=JOIN_POLL_WINDOW, backoff=retry.fixed(JOIN_POLL)
+        )
+        try:
+            plan = await wait.poll_async(attempt)
+        except retry.WaitTimeout as exc:
+            raise EtcdNotReady(f"{where}{patience}: {exc}") from exc
         self._join_started = None
         self._voters = endpoints
         return plan

@@ -131,12 +131,15 @@ class HealthCheck:
     """``check()`` returns on success and raises on failure (``str(error)`` becomes the message).
 
     The first check runs right after the process starts, then every ``interval`` seconds; a check
-    running longer than ``timeout`` counts as failed.
+    running longer than ``timeout`` counts as failed. With ``startup_interval``, checks run that
+    often until the first success after a start (a starting service is awaited closely; a
+    running one is not polled hard).
     """
 
     check: Callable[[], Awaitable[None]]
     interval: float = 5.0
     timeout: float = 3.0
+    startup_interval: float | None = None
 
 
 Hook = Callable[[], Awaitable[None]]
@@ -476,6 +479,7 @@ class Supervisor:
             writer.close()
 
     async def _check_health(self, service: _Service, health: HealthCheck) -> None:
+        starting = True  # until the first success since this start
         while True:
             try:
                 await asyncio.wait_for(health.check(), health.timeout)
@@ -488,7 +492,9 @@ class Supervisor:
                 service.health = Health(healthy=healthy, message=message, last_change=time.time())
                 text = "Health check successful" if healthy else f"Health check failed: {message}"
                 self._record(service, ServiceState.RUNNING, text)
-            await asyncio.sleep(health.interval)
+            starting = starting and not healthy
+            interval = health.startup_interval if starting and health.startup_interval else health.interval
+            await asyncio.sleep(interval)
 
     async def _stop(self, service: _Service) -> None:
         runner = service.runner

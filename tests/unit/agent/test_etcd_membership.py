@@ -242,6 +242,51 @@ def test_pre_start_with_an_empty_data_dir_never_restarts_the_lost_member(
     assert args["initial-cluster"] == f"cp1=https://10.5.0.2:2380,cp2={PEER}"
 
 
+def refusing_adds(fake: FakeEtcd, message: str, times: int) -> None:
+    """Make etcd refuse the next ``times`` member adds with ``message`` (FailedPrecondition)."""
+    respond = fake.respond
+    refusals = [message] * times
+
+    def refusing(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v3/cluster/member/add" and refusals:
+            fake.calls.append((request.url.host, request.url.path, json.loads(request.content)))
+            return failure(9, refusals.pop())
+        return respond(request)
+
+    fake.respond = refusing  # type: ignore[method-assign]
+
+
+def test_pre_start_asks_again_while_another_learner_joins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = cluster()
+    refusing_adds(fake, "etcdserver: too many learner members in cluster", times=3)
+    member = etcd_member(tmp_path, fake, monkeypatch)
+    monkeypatch.setattr(agent_etcd, "JOIN_POLL", 0.01)
+    asyncio.run(member._prepare())
+    assert len(fake.requests("/v3/cluster/member/add")) == 4, "three refusals, then the add"
+    assert [(m.peer, m.learner) for m in fake.members][1:] == [(PEER, True)]
+    assert member._args is not None and flags(member._args)["initial-cluster-state"] == "existing"
+
+
+def test_pre_start_fails_with_the_reason_when_the_cluster_does_not_settle_or_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = cluster()
+    refusing_adds(fake, "etcdserver: too many learner members in cluster", times=1000)
+    member = etcd_member(tmp_path, fake, monkeypatch)
+    monkeypatch.setattr(agent_etcd, "JOIN_POLL", 0.01)
+    monkeypatch.setattr(agent_etcd, "JOIN_POLL_WINDOW", 0.1)
+    with pytest.raises(agent_etcd.EtcdNotReady, match=r"joining etcd at .*too many learner members"):
+        asyncio.run(member._prepare())
+    # A refusal that does not clear by itself fails at once, without asking again.
+    fake = cluster(FakeMember(9, "other", PEER))  # our peer URL under another name
+    member = etcd_member(tmp_path, fake, monkeypatch)
+    with pytest.raises(agent_etcd.EtcdNotReady, match="joining etcd at"):
+        asyncio.run(member._prepare())
+    assert len(fake.requests("/v3/cluster/member/list")) == 1
+
+
 def test_health_promotes_the_learner_retrying_until_etcd_accepts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,6 +7,7 @@ when the test ends, pass or fail; processes are only ever signalled by the PID w
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 from collections.abc import Callable, Coroutine
@@ -94,6 +95,37 @@ def test_dependents_wait_until_dependencies_are_up(tmp_path: Path) -> None:
             assert cri.up and cri.health.healthy is True and cri.health.last_change is not None
 
     run(scenario())
+
+
+def test_startup_interval_checks_closely_until_the_first_success_only(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    checked: list[float] = []
+
+    async def check() -> None:
+        checked.append(asyncio.get_running_loop().time())
+        if not ready.exists():
+            raise RuntimeError("not ready")
+
+    async def scenario() -> None:
+        health = HealthCheck(check=check, interval=0.5, timeout=1.0, startup_interval=0.02)
+        async with Supervisor(root=tmp_path) as sup:
+            sup.register(ServiceSpec(id="etcd", command=sh("exec sleep 30"), health=health))
+            await sup.start("etcd")
+            deadline = asyncio.get_running_loop().time() + 5
+            while len(checked) < 5:  # failing checks with the same message record no event
+                assert asyncio.get_running_loop().time() < deadline, checked
+                await asyncio.sleep(0.01)
+            ready.touch()
+            await sup.wait_up("etcd", timeout=5)
+            ready.unlink()
+            before = len(checked)
+            await asyncio.sleep(0.3)
+            # Once it succeeded the service is checked at its interval, even while failing again.
+            assert len(checked) - before <= 1, checked
+
+    run(scenario())
+    starting_gaps = [b - a for a, b in itertools.pairwise(checked)][:4]
+    assert max(starting_gaps) < 0.25, starting_gaps
 
 
 def test_health_transitions_are_recorded_once_per_change(tmp_path: Path) -> None:
