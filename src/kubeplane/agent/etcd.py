@@ -24,9 +24,9 @@ Membership rules (the pure decision is :func:`kubeplane.services.etcd.plan_join`
   its quorum. The health check promotes it (``MemberPromote``, sent to the members it joined
   through, since a learner serves no cluster calls): etcd refuses while the learner is behind
   (``EtcdLearnerNotReady``), the check reports "catching up" and the next one asks again, until
-  etcd accepts. Until its first success the check runs every half second (then every 5 s), so a
-  learner votes about a second after it started. The node's etcd counts as healthy only once it
-  votes.
+  etcd accepts. After a start the checks come half a second apart at first, the gaps doubling
+  up to 5 s until one passes, so a learner votes about a second after it started. The node's
+  etcd counts as healthy only once it votes.
 - **A member whose data dir was lost is removed and re-added.** A joining node's data dir is
   empty by definition, so a member listed under our name has lost the raft log it acknowledged;
   started again under that ID with an empty log, etcd panics or diverges. It is removed and we
@@ -70,7 +70,8 @@ JOIN_PATIENCE = 600.0
 #: JOIN_POLL_WINDOW seconds per pre-start attempt (see :meth:`EtcdMember._join`).
 JOIN_POLL = 0.5
 JOIN_POLL_WINDOW = 15.0
-#: Health checks until the first success (a learner's promotion): seconds between two.
+#: Seconds between the first two health checks after a start (a learner asks for its promotion
+#: in them); the gaps then double up to the usual 5 s until a check passes.
 STARTUP_CHECK_INTERVAL = 0.5
 _PROBE_TIMEOUT = 3.0
 
@@ -181,8 +182,9 @@ class EtcdMember:
             health=supervisor.HealthCheck(
                 self._health, interval=5.0, timeout=5.0, startup_interval=STARTUP_CHECK_INTERVAL
             ),
+            backoff=supervisor.Backoff(initial=1.0, maximum=5.0),
             # At most 2 s between pre-start tries: a joining node waits for the endpoint there.
-            backoff=supervisor.Backoff(initial=1.0, maximum=2.0),
+            pre_start_backoff=supervisor.Backoff(initial=1.0, maximum=2.0),
         )
 
     async def _command(self) -> process.Command:
@@ -259,13 +261,14 @@ class EtcdMember:
         log.info("etcd: restored the snapshot into %s", data)
 
     async def _join(self, peer: str) -> etcd_rules.JoinPlan:
-        """Join through the control plane endpoint. While etcd says the cluster is settling (a
-        learner already joining, a member not started yet, no quorum for a moment) the join is
-        asked again every :data:`JOIN_POLL` seconds for up to :data:`JOIN_POLL_WINDOW`: that
-        clears within seconds, and waiting out the supervisor's back-off instead made a third
-        control plane node start up to 10 s after the second one's promotion. Anything else (the
-        endpoint not up yet, a refusal), or a window that ran out, fails the pre-start step: a
-        service event, tried again after the back-off."""
+        """Join through the control plane endpoint. While etcd refuses the change only because the
+        cluster is settling (a learner already joining, a member not started yet, not connected
+        to every voter for long enough) the join is asked again every :data:`JOIN_POLL` seconds
+        for up to :data:`JOIN_POLL_WINDOW`: that clears within seconds, and waiting out the
+        supervisor's back-off instead made a third control plane node start up to 10 s after
+        the second one's promotion. Anything else (the endpoint not up yet, etcd unreachable, a
+        refusal), or a window that ran out, fails the pre-start step: a service event, tried
+        again after the back-off with the endpoints looked up anew."""
         if self._join_started is None:
             self._join_started = time.monotonic()
         waited = time.monotonic() - self._join_started
@@ -281,7 +284,7 @@ class EtcdMember:
                 try:
                     return await join(client, name=self.name, peer=peer)
                 except client_errors.EtcdError as exc:
-                    if exc.retryable:
+                    if isinstance(exc, client_errors.EtcdConflict) and exc.retryable:
                         raise retry.NotYet(str(exc)) from exc
                     raise EtcdNotReady(f"{where}{patience}: {exc}") from exc
 

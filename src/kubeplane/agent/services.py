@@ -83,7 +83,7 @@ READ_ONLY_PORT = 10255
 HEALTHZ_URL = "http://127.0.0.1:10248/healthz"
 CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 MASTER_TAINT = "node-role.kubernetes.io/master=:NoSchedule"
-#: The group and lifetime of the first kubelet client certificate a control plane node signs (the
+#: The lifetime of the first kubelet client certificate a control plane node signs (the
 #: kube-controller-manager's default signing duration: what a CSR would have got).
 KUBELET_CLIENT_LIFETIME = datetime.timedelta(days=365)
 #: Seconds a worker's kubelet waits for the control plane endpoint before its TLS bootstrap; then

@@ -62,12 +62,12 @@ REQUEST_TIMEOUT = 10.0
 #: What a wait over Kubernetes API calls retries (with :class:`kubeplane.retry.Wait`).
 RETRYABLE: tuple[type[BaseException], ...] = (errors.KubeUnavailable, errors.EtcdUnavailable)
 
-#: Patch flavours and their content types. ``strategic`` merges lists by key (containers by
-#: name), ``merge`` (RFC 7386) replaces lists whole, ``json`` is an RFC 6902 list of operations.
 #: The Nodes collection.
 NODES_PATH = "/api/v1/nodes"
 #: The group of every kubelet's client certificate (``O=`` of ``CN=system:node:<name>``).
 NODES_GROUP = "system:nodes"
+#: The annotation of a mirror pod: the config hash of the kubelet's static pod it stands for.
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 
 def node_path(name: str) -> str:
@@ -75,6 +75,8 @@ def node_path(name: str) -> str:
     return f"{NODES_PATH}/{name}"
 
 
+#: Patch flavours and their content types. ``strategic`` merges lists by key (containers by
+#: name), ``merge`` (RFC 7386) replaces lists whole, ``json`` is an RFC 6902 list of operations.
 PatchType = Literal["merge", "strategic", "json"]
 _PATCH_TYPES: dict[str, str] = {
     "merge": "application/merge-patch+json",

@@ -25,17 +25,11 @@ from kubeplane import retry
 from kubeplane.clients import errors as client_errors
 from kubeplane.clients import kube as kube_client
 
-MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
-
-
-def node_path(name: str) -> str:
-    return kube_client.node_path(name)
-
 
 def evictable(pod: Mapping[str, Any]) -> bool:
     """Whether draining evicts ``pod``: not a mirror (static) pod, not a DaemonSet's, not finished."""
     metadata = pod.get("metadata") or {}
-    if MIRROR_ANNOTATION in (metadata.get("annotations") or {}):
+    if kube_client.MIRROR_ANNOTATION in (metadata.get("annotations") or {}):
         return False
     if any(owner.get("kind") == "DaemonSet" for owner in metadata.get("ownerReferences") or []):
         return False
@@ -49,10 +43,10 @@ def pod_ref(pod: Mapping[str, Any]) -> str:
 
 async def cordon(api: kube_client.KubeClient, name: str) -> bool:
     """Mark Node ``name`` unschedulable; False when it already was (or does not exist)."""
-    node = await api.get_or_none(node_path(name))
+    node = await api.get_or_none(kube_client.node_path(name))
     if node is None or (node.get("spec") or {}).get("unschedulable"):
         return False
-    await api.patch(node_path(name), {"spec": {"unschedulable": True}}, patch_type="merge")
+    await api.patch(kube_client.node_path(name), {"spec": {"unschedulable": True}}, patch_type="merge")
     return True
 
 
@@ -108,7 +102,7 @@ async def drain(api: kube_client.KubeClient, name: str, *, timeout: float) -> li
 async def delete_node(api: kube_client.KubeClient, name: str) -> bool:
     """Delete Node ``name``; False when it was gone already."""
     try:
-        await api.delete(node_path(name))
+        await api.delete(kube_client.node_path(name))
     except client_errors.KubeNotFound:
         return False
     return True

@@ -8,8 +8,8 @@ libraries plus the kubeplane modules the program imports, so they share this bui
 1. ``python-rootfs``: ``debootstrap --variant=minbase --include=<PACKAGES> bookworm`` from the
    Debian mirror the machine's apt sources already use, then stripped of what a container never
    reads (apt lists and caches, documentation except copyright files, man/info pages, locales,
-   logs, httpx's command line client's libraries, Python's test suite, iconv modules,
-   perl). One rootfs serves every recipe (one debootstrap per machine, not per image); it is
+   logs, httpx's command line client's libraries, Python's test suite and pydoc topics, iconv
+   modules, perl). One rootfs serves every recipe (one debootstrap per machine, not per image); it is
    cached under ``<cache>/python-images/rootfs-<key>/``, where the key is a hash of everything
    that shaped it (suite, variant, package list, mirror, :data:`RECIPE_VERSION`): the same inputs
    reuse it, a changed input builds a new one beside it.
@@ -82,8 +82,8 @@ _STRIP = (
     # are its own); perl, which only dpkg's and debconf's scripts run.
     "usr/lib/python3.*/test",
     "usr/lib/python3.*/pydoc_data",
-    "usr/lib/x86_64-linux-gnu/gconv",
-    "usr/lib/x86_64-linux-gnu/perl-base",
+    "usr/lib/*-linux-gnu/gconv",
+    "usr/lib/*-linux-gnu/perl-base",
     "usr/bin/perl*",
     "usr/share/perl5",
 )

@@ -131,9 +131,9 @@ class HealthCheck:
     """``check()`` returns on success and raises on failure (``str(error)`` becomes the message).
 
     The first check runs right after the process starts, then every ``interval`` seconds; a check
-    running longer than ``timeout`` counts as failed. With ``startup_interval``, checks run that
-    often until the first success after a start (a starting service is awaited closely; a
-    running one is not polled hard).
+    running longer than ``timeout`` counts as failed. With ``startup_interval``, the gaps after a
+    start begin at that and double up to ``interval`` until the first success (a starting service
+    is awaited closely, one that never comes up is not polled hard for long).
     """
 
     check: Callable[[], Awaitable[None]]
@@ -161,6 +161,8 @@ class ServiceSpec:
     health: HealthCheck | None = None
     restart: RestartPolicy = RestartPolicy.ALWAYS
     backoff: Backoff = Backoff()
+    #: Delays between failed ``pre_start`` tries; ``backoff`` (the restart delays) when None.
+    pre_start_backoff: Backoff | None = None
     stop_timeout: float = 10.0
 
 
@@ -423,7 +425,7 @@ class Supervisor:
                 self._record(service, ServiceState.FAILED, f"Failed to run pre state: {_describe(error)}")
                 if spec.restart is RestartPolicy.NEVER:
                     return False
-                delay = spec.backoff.delay(attempt)
+                delay = (spec.pre_start_backoff or spec.backoff).delay(attempt)
                 attempt += 1
                 self._record(service, ServiceState.WAITING, f"Retrying pre state in {delay:.2f}s")
                 await asyncio.sleep(delay)
@@ -480,6 +482,7 @@ class Supervisor:
 
     async def _check_health(self, service: _Service, health: HealthCheck) -> None:
         starting = True  # until the first success since this start
+        startup_gap = health.startup_interval
         while True:
             try:
                 await asyncio.wait_for(health.check(), health.timeout)
@@ -493,8 +496,11 @@ class Supervisor:
                 text = "Health check successful" if healthy else f"Health check failed: {message}"
                 self._record(service, ServiceState.RUNNING, text)
             starting = starting and not healthy
-            interval = health.startup_interval if starting and health.startup_interval else health.interval
-            await asyncio.sleep(interval)
+            if starting and startup_gap is not None and startup_gap < health.interval:
+                await asyncio.sleep(startup_gap)
+                startup_gap *= 2
+            else:
+                await asyncio.sleep(health.interval)
 
     async def _stop(self, service: _Service) -> None:
         runner = service.runner

@@ -285,6 +285,21 @@ def test_pre_start_fails_with_the_reason_when_the_cluster_does_not_settle_or_ref
     with pytest.raises(agent_etcd.EtcdNotReady, match="joining etcd at"):
         asyncio.run(member._prepare())
     assert len(fake.requests("/v3/cluster/member/list")) == 1
+    # So does an etcd that cannot answer: the next try looks the endpoints up anew.
+    fake = cluster()
+    fake_respond = fake.respond
+
+    def unavailable(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v3/cluster/member/add":
+            fake.calls.append((request.url.host, request.url.path, json.loads(request.content)))
+            return failure(14, "etcdserver: request timed out")
+        return fake_respond(request)
+
+    fake.respond = unavailable  # type: ignore[method-assign]
+    member = etcd_member(tmp_path, fake, monkeypatch)
+    with pytest.raises(agent_etcd.EtcdNotReady, match=r"joining etcd at .*request timed out"):
+        asyncio.run(member._prepare())
+    assert len(fake.requests("/v3/cluster/member/add")) == 1
 
 
 def test_health_promotes_the_learner_retrying_until_etcd_accepts(

@@ -10,6 +10,7 @@ import pytest
 
 from kubeplane import retry
 from kubeplane.clients import errors as client_errors
+from kubeplane.clients import kube
 from kubeplane.ops import reset
 
 pytestmark = pytest.mark.unit
@@ -20,7 +21,7 @@ def pod(
 ) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": name, "namespace": "default", "ownerReferences": [{"kind": owner}]}
     if mirror:
-        metadata["annotations"] = {reset.MIRROR_ANNOTATION: "x"}
+        metadata["annotations"] = {kube.MIRROR_ANNOTATION: "x"}
     return {"metadata": metadata, "spec": {"nodeName": node}, "status": {"phase": phase}}
 
 

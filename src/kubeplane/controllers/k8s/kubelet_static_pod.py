@@ -241,19 +241,15 @@ class KubeletStaticPodController:
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=self.timeout)
         try:
-            response = await self._http.get(self.pods_url)
-            response.raise_for_status()
-            pod_list = response.json()
-        except (httpx.HTTPError, ValueError) as exc:
+            pods = await kubelet_pods(self._http, self.pods_url)
+        except httpx.HTTPError as exc:
             ctx.logger.debug("kubelet pods endpoint %s not available yet: %s", self.pods_url, exc)
             return
-        if not isinstance(pod_list, dict):
-            ctx.logger.warning(
-                "kubelet pods endpoint %s answered something other than a PodList", self.pods_url
-            )
+        except ValueError as exc:
+            ctx.logger.warning("kubelet pods endpoint %s: %s", self.pods_url, exc)
             return
         keep = []
-        for pod in pod_list.get("items") or ():
+        for pod in pods:
             metadata = pod.get("metadata") or {}
             if (metadata.get("annotations") or {}).get(_CONFIG_SOURCE) != "file":
                 continue
@@ -262,6 +258,18 @@ class KubeletStaticPodController:
             outputs.publish(ctx, catalog.CONTROLPLANE_NAMESPACE, catalog.STATIC_POD_STATUSES, pod_id, spec)
             keep.append(pod_id)
         ctx.cleanup(catalog.CONTROLPLANE_NAMESPACE, catalog.STATIC_POD_STATUSES, keep)
+
+
+async def kubelet_pods(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
+    """The pods of the kubelet's read-only ``/pods`` at ``url``; ``httpx.HTTPError`` when it does
+    not answer, ``ValueError`` when the answer is not a PodList."""
+    response = await http.get(url)
+    response.raise_for_status()
+    pod_list = response.json()
+    items = pod_list.get("items") if isinstance(pod_list, dict) else None
+    if not isinstance(pod_list, dict) or not isinstance(items or [], list):
+        raise ValueError("answered something other than a PodList")
+    return [pod for pod in items or () if isinstance(pod, dict)]
 
 
 def _readiness_probe(pod: Any) -> tuple[str, str, int, str] | None:

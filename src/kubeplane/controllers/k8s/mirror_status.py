@@ -10,18 +10,19 @@ Pending, no node IP), and ``cluster create``, which waits for every control plan
 Ready, waited with it (docs/architecture.md, Cluster create performance).
 
 This controller runs on control plane nodes (it needs the local admin kubeconfig) and follows the
-``kube-system`` pods. A mirror pod (annotation ``kubernetes.io/config.mirror``) whose status the
-kubelet never wrote (no ``status.hostIP``: a kubelet's status always has one) gets the status
-this node's kubelet reports for the same pod on its read-only ``/pods`` endpoint: same namespace
-and name, and a ``kubernetes.io/config.hash`` equal to the mirror's annotation (the kubelet replaces
-a mirror pod of another version anyway). The merge patch of the ``status`` subresource carries the
-mirror pod's ``resourceVersion``: a mirror pod that changed meanwhile (the kubelet wrote it) is
-left alone. Mirror pods of other nodes are not in this kubelet's list and are never touched.
-The kubelet's next batch writes the same status over it.
+``kube-system`` pods. A mirror pod (annotation ``kubernetes.io/config.mirror``) bound to this
+node (``spec.nodeName``, the node's own name) whose status the kubelet never wrote (no
+``status.hostIP``: a kubelet's status always has one) gets the status this node's kubelet
+reports for the same pod on its read-only ``/pods`` endpoint: same namespace, name and node, and
+a ``kubernetes.io/config.hash`` equal to the mirror's annotation (the kubelet replaces a mirror
+pod of another version anyway). The merge patch of the ``status`` subresource carries the mirror
+pod's ``resourceVersion``: a mirror pod that changed meanwhile (the kubelet wrote it) is left
+alone. The kubelet's next batch writes the same status over it.
 
-Trust: the status is the local kubelet's own, read from ``127.0.0.1``; the worst a local process
-impersonating that port could do is show a wrong status on this node's mirror pods until the
-kubelet's next batch, 10 s later.
+Trust: the status is read from the kubelet's read-only port on ``127.0.0.1``. Another local
+process can listen there only while the kubelet does not; it could then show a made-up status
+on this node's mirror pods that no kubelet has written to yet, and nothing else: other nodes'
+mirror pods and every status a kubelet wrote are out of its reach.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from kubeplane.clients import errors as client_errors
 from kubeplane.clients import kube
 from kubeplane.controllers.k8s import api_watch
-from kubeplane.controllers.k8s.kubelet_static_pod import DEFAULT_PODS_URL
+from kubeplane.controllers.k8s.kubelet_static_pod import DEFAULT_PODS_URL, kubelet_pods
 from kubeplane.controllers.secrets import common
 from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
 from kubeplane.resources import catalog
@@ -44,44 +45,50 @@ if TYPE_CHECKING:
 
 NAMESPACE = "kube-system"
 PODS_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods"
-MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 HASH_ANNOTATION = "kubernetes.io/config.hash"
 WATCH_TASK = "mirror-pods"
 
 
-def unwritten(pod: Mapping[str, Any]) -> bool:
-    """Whether ``pod`` is a mirror pod whose status its kubelet has never written."""
+def unwritten(pod: Mapping[str, Any], node: str) -> bool:
+    """Whether ``pod`` is a mirror pod on ``node`` whose status no kubelet has written."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return MIRROR_ANNOTATION in annotations and not (pod.get("status") or {}).get("hostIP")
+    return (
+        kube.MIRROR_ANNOTATION in annotations
+        and (pod.get("spec") or {}).get("nodeName") == node
+        and not (pod.get("status") or {}).get("hostIP")
+    )
 
 
 def status_patches(
-    mirrors: Iterable[Mapping[str, Any]], kubelet_pods: Iterable[Mapping[str, Any]]
+    mirrors: Iterable[Mapping[str, Any]], static_pods: Iterable[Mapping[str, Any]], *, node: str
 ) -> dict[str, dict[str, Any]]:
-    """Mirror pod name → the merge patch that gives it the kubelet's status (see module docstring)."""
+    """Mirror pod name → the merge patch that gives it the status of the same static pod on the
+    kubelet of ``node`` (see the module docstring)."""
     statuses: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
-    for pod in kubelet_pods:
+    for pod in static_pods:
         metadata = pod.get("metadata") or {}
         status = pod.get("status") or {}
         config_hash = (metadata.get("annotations") or {}).get(HASH_ANNOTATION)
-        if config_hash and status.get("hostIP"):
+        if config_hash and status.get("hostIP") and (pod.get("spec") or {}).get("nodeName") == node:
             statuses[(metadata.get("namespace", ""), metadata.get("name", ""))] = (config_hash, status)
     patches = {}
     for mirror in mirrors:
-        if not unwritten(mirror):
+        metadata = mirror.get("metadata") or {}
+        version = metadata.get("resourceVersion")
+        if not unwritten(mirror, node) or not version:  # no version: nothing would guard the patch
             continue
-        metadata = mirror["metadata"]
         name = metadata.get("name", "")
         found = statuses.get((metadata.get("namespace", ""), name))
-        if found is None or found[0] != metadata["annotations"][MIRROR_ANNOTATION]:
+        if found is None or found[0] != metadata["annotations"][kube.MIRROR_ANNOTATION]:
             continue
-        patches[name] = {"metadata": {"resourceVersion": metadata.get("resourceVersion")}, "status": found[1]}
+        patches[name] = {"metadata": {"resourceVersion": version}, "status": found[1]}
     return patches
 
 
 @dataclasses.dataclass(frozen=True)
 class _Settings:
     kubeconfig: str
+    node: str
 
 
 class MirrorPodStatusController(api_watch.WatchingController[_Settings]):
@@ -92,6 +99,7 @@ class MirrorPodStatusController(api_watch.WatchingController[_Settings]):
         Input(
             catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, kubernetes_secrets.KUBERNETES_SECRETS_ID
         ),
+        Input(catalog.NETWORK_NAMESPACE, catalog.NODE_ADDRESSES, catalog.NODE_ADDRESSES_ID),
     )
     outputs: tuple[Output, ...] = ()  # it writes to the API server only
     task_name = WATCH_TASK
@@ -121,45 +129,50 @@ class MirrorPodStatusController(api_watch.WatchingController[_Settings]):
             catalog.KUBERNETES_SECRETS,
             kubernetes_secrets.KUBERNETES_SECRETS_ID,
         )
+        addresses = ctx.find(catalog.NETWORK_NAMESPACE, catalog.NODE_ADDRESSES, catalog.NODE_ADDRESSES_ID)
         if certs is None or not certs.get("localAdminKubeconfig"):
             return None  # not a control plane node
-        return _Settings(kubeconfig=str(certs["localAdminKubeconfig"]))
+        if addresses is None or not isinstance(addresses.spec, catalog.NodeAddressesSpec):
+            return None
+        return _Settings(kubeconfig=str(certs["localAdminKubeconfig"]), node=addresses.spec.hostname)
 
-    async def _kubelet_pods(self, logger: ControllerLogger) -> list[dict[str, Any]]:
+    async def _static_pods(self, logger: ControllerLogger) -> list[dict[str, Any]]:
         import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
 
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=self.timeout)
         try:
-            response = await self._http.get(self.pods_url)
-            response.raise_for_status()
-            items = response.json().get("items")
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            return await kubelet_pods(self._http, self.pods_url)
+        except (httpx.HTTPError, ValueError) as exc:
             logger.debug("kubelet pods endpoint %s: %s", self.pods_url, exc)
             return []
-        return [pod for pod in items or () if isinstance(pod, dict)]
 
     async def _write(
-        self, api: kube.KubeClient, mirrors: list[dict[str, Any]], logger: ControllerLogger
+        self, api: kube.KubeClient, mirrors: list[dict[str, Any]], node: str, logger: ControllerLogger
     ) -> None:
-        if not any(unwritten(pod) for pod in mirrors):
+        if not any(unwritten(pod, node) for pod in mirrors):
             return
-        for name, patch in status_patches(mirrors, await self._kubelet_pods(logger)).items():
+        for name, patch in status_patches(mirrors, await self._static_pods(logger), node=node).items():
+            where = f"mirror pod {NAMESPACE}/{name}"
             try:
                 await api.patch(f"{PODS_PATH}/{name}/status", patch, patch_type="merge")
             except (client_errors.KubeConflict, client_errors.KubeNotFound) as exc:
-                logger.debug("mirror pod %s/%s changed meanwhile, left alone: %s", NAMESPACE, name, exc)
+                logger.debug("%s changed meanwhile, left alone: %s", where, exc)
                 continue
-            phase = patch["status"].get("phase")
-            logger.info("wrote the kubelet's status (%s) to mirror pod %s/%s", phase, NAMESPACE, name)
+            except client_errors.KubeUnavailable:
+                raise  # the API server went away: list again once it is back
+            except client_errors.KubeError as exc:
+                logger.warning("cannot write the kubelet's status to %s: %s", where, exc)
+                continue
+            logger.info("wrote the kubelet's status (%s) to %s", patch["status"].get("phase"), where)
 
     async def _watch(self, settings: _Settings, logger: ControllerLogger) -> None:
         async def listed(api: kube.KubeClient, items: api_watch.Items) -> None:
-            await self._write(api, items, logger)
+            await self._write(api, items, settings.node, logger)
 
         async def changed(api: kube.KubeClient, kind: str, pod: dict[str, Any]) -> None:
             if kind in ("ADDED", "MODIFIED"):
-                await self._write(api, [pod], logger)
+                await self._write(api, [pod], settings.node, logger)
 
         await api_watch.follow(
             lambda: self.kube_client(settings.kubeconfig),

@@ -202,7 +202,7 @@ async def assign_pending(
             "spec": {"podCIDR": cidrs[0], "podCIDRs": cidrs},
         }
         try:
-            await api.patch(f"{kube.NODES_PATH}/{name}", patch, patch_type="merge")
+            await api.patch(kube.node_path(name), patch, patch_type="merge")
         except (client_errors.KubeConflict, client_errors.KubeNotFound):
             # Changed or deleted since the list: the watch brings it back if it still needs one.
             logger.debug("node %s changed before its pod CIDR was written; looking again", name)

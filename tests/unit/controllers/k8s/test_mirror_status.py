@@ -9,10 +9,11 @@ from typing import Any
 
 import httpx
 import pytest
-from k8s_harness import LocalServer, cluster_admin, eventually, put, run, settle
+from k8s_harness import LocalServer, cluster_admin, eventually, publish_addresses, put, run, settle
 
 from kubeplane.clients import kube
 from kubeplane.controllers.k8s import mirror_status
+from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
 from kubeplane.resources import State, catalog
 
 pytestmark = pytest.mark.unit
@@ -26,21 +27,34 @@ READY = {
 }
 
 
+NODE = "node1"  # k8s_harness.publish_addresses' hostname
+
+
 def mirror(
-    name: str, config_hash: str = "h1", *, status: dict[str, Any] | None = None, version: str = "5"
+    name: str,
+    config_hash: str = "h1",
+    *,
+    status: dict[str, Any] | None = None,
+    version: str | None = "5",
+    node: str = NODE,
 ) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": "kube-system",
+        "annotations": {kube.MIRROR_ANNOTATION: config_hash},
+    }
+    if version is not None:
+        metadata["resourceVersion"] = version
     return {
-        "metadata": {
-            "name": name,
-            "namespace": "kube-system",
-            "resourceVersion": version,
-            "annotations": {mirror_status.MIRROR_ANNOTATION: config_hash},
-        },
+        "metadata": metadata,
+        "spec": {"nodeName": node},
         "status": status if status is not None else {"phase": "Pending", "qosClass": "Burstable"},
     }
 
 
-def static(name: str, config_hash: str = "h1", status: dict[str, Any] | None = None) -> dict[str, Any]:
+def static(
+    name: str, config_hash: str = "h1", status: dict[str, Any] | None = None, *, node: str = NODE
+) -> dict[str, Any]:
     return {
         "metadata": {
             "name": name,
@@ -50,6 +64,7 @@ def static(name: str, config_hash: str = "h1", status: dict[str, Any] | None = N
                 mirror_status.HASH_ANNOTATION: config_hash,
             },
         },
+        "spec": {"nodeName": node},
         "status": READY if status is None else status,
     }
 
@@ -60,6 +75,9 @@ def test_only_unwritten_mirrors_of_this_kubelets_pods_at_the_same_hash_get_its_s
         mirror("kube-scheduler-cp1", status=READY),  # the kubelet wrote it already
         mirror("kube-controller-manager-cp1", "h2"),  # another version: the kubelet replaces it
         mirror("kube-apiserver-cp2"),  # another node's: not in this kubelet's list
+        # Another node's, even where something on the kubelet's port claims it.
+        mirror("kube-scheduler-cp3", node="cp3"),
+        mirror("kube-proxy-cp1", version=None),  # no resourceVersion would guard the patch
         {"metadata": {"name": "coredns-1", "namespace": "kube-system"}, "status": {}},  # not a mirror
         mirror("etcd-cp1"),  # the kubelet has no status with a node IP for it yet
     ]
@@ -67,9 +85,11 @@ def test_only_unwritten_mirrors_of_this_kubelets_pods_at_the_same_hash_get_its_s
         static("kube-apiserver-cp1"),
         static("kube-scheduler-cp1"),
         static("kube-controller-manager-cp1", "h1"),
+        static("kube-scheduler-cp3", node="cp3"),
+        static("kube-proxy-cp1"),
         static("etcd-cp1", status={"phase": "Pending"}),
     ]
-    assert mirror_status.status_patches(mirrors, kubelet) == {
+    assert mirror_status.status_patches(mirrors, kubelet, node=NODE) == {
         "kube-apiserver-cp1": {"metadata": {"resourceVersion": "7"}, "status": READY}
     }
 
@@ -83,6 +103,7 @@ class FakePods:
         self.watches = 0
         self.patches: list[tuple[str, dict[str, Any]]] = []
         self.conflicts: set[str] = set()
+        self.forbidden: set[str] = set()
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -103,28 +124,43 @@ class FakePods:
         self.patches.append((name, body))
         if name in self.conflicts:
             return httpx.Response(409, json={"kind": "Status", "reason": "Conflict", "code": 409})
+        if name in self.forbidden:
+            return httpx.Response(403, json={"kind": "Status", "reason": "Forbidden", "code": 403})
         self.pods[name] = {**self.pods[name], "status": body["status"]}
         return httpx.Response(200, json=self.pods[name])
 
 
 def _control_plane(state: State) -> None:
+    publish_addresses(state)
     certs = catalog.KubernetesSecretSpec(data={"localAdminKubeconfig": KUBECONFIG})
-    put(state, catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, "k8s-certs", certs)
+    put(
+        state,
+        catalog.SECRETS_NAMESPACE,
+        catalog.KUBERNETES_SECRETS,
+        kubernetes_secrets.KUBERNETES_SECRETS_ID,
+        certs,
+    )
 
 
 def test_the_controller_writes_listed_and_watched_mirrors_and_leaves_a_conflict(
     local_server: LocalServer,
 ) -> None:
     pods = FakePods(
-        [mirror("kube-apiserver-cp1", version="7"), mirror("kube-scheduler-cp1", status=READY)],
+        [
+            mirror("kube-proxy-cp1", version="6"),  # refused (403): logged, the others still go
+            mirror("kube-apiserver-cp1", version="7"),
+            mirror("kube-scheduler-cp1", status=READY),
+        ],
         watched=[
             ("ADDED", mirror("kube-controller-manager-cp1", version="8")),
             ("ADDED", mirror("etcd-cp1", version="9")),  # conflicts: the kubelet got there first
         ],
     )
     pods.conflicts.add("etcd-cp1")
+    pods.forbidden.add("kube-proxy-cp1")
     kubelet = {
         "items": [
+            static("kube-proxy-cp1"),
             static("kube-apiserver-cp1"),
             static("kube-scheduler-cp1"),
             static("kube-controller-manager-cp1"),
@@ -140,9 +176,10 @@ def test_the_controller_writes_listed_and_watched_mirrors_and_leaves_a_conflict(
 
     async def body(state: State) -> None:
         _control_plane(state)
-        await eventually(lambda: len(pods.patches) == 3, what="three status patches")
+        await eventually(lambda: len(pods.patches) == 4, what="four status patches")
         await settle()
         assert pods.patches == [
+            ("kube-proxy-cp1", {"metadata": {"resourceVersion": "6"}, "status": READY}),
             ("kube-apiserver-cp1", {"metadata": {"resourceVersion": "7"}, "status": READY}),
             ("kube-controller-manager-cp1", {"metadata": {"resourceVersion": "8"}, "status": READY}),
             ("etcd-cp1", {"metadata": {"resourceVersion": "9"}, "status": READY}),
@@ -163,11 +200,12 @@ def test_nothing_is_watched_without_the_local_admin_kubeconfig(local_server: Loc
     )
 
     async def body(state: State) -> None:
+        publish_addresses(state)
         put(
             state,
             catalog.SECRETS_NAMESPACE,
             catalog.KUBERNETES_SECRETS,
-            "k8s-certs",
+            kubernetes_secrets.KUBERNETES_SECRETS_ID,
             catalog.KubernetesSecretSpec(data={}),
         )
         await settle()
