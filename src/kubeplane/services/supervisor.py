@@ -481,7 +481,7 @@ class Supervisor:
             writer.close()
 
     async def _check_health(self, service: _Service, health: HealthCheck) -> None:
-        starting = True  # until the first success since this start
+        #: The next gap while starting (no success since this start yet), doubling; None after.
         startup_gap = health.startup_interval
         while True:
             try:
@@ -495,8 +495,9 @@ class Supervisor:
                 service.health = Health(healthy=healthy, message=message, last_change=time.time())
                 text = "Health check successful" if healthy else f"Health check failed: {message}"
                 self._record(service, ServiceState.RUNNING, text)
-            starting = starting and not healthy
-            if starting and startup_gap is not None and startup_gap < health.interval:
+            if healthy:
+                startup_gap = None
+            if startup_gap is not None and startup_gap < health.interval:
                 await asyncio.sleep(startup_gap)
                 startup_gap *= 2
             else:

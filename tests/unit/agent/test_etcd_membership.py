@@ -148,6 +148,21 @@ def joined(fake: FakeEtcd) -> etcd_rules.JoinPlan:
     return asyncio.run(scenario())
 
 
+def refusing_adds(fake: FakeEtcd, message: str, times: int, *, code: int = 9) -> None:
+    """Make etcd refuse the next ``times`` member adds with ``message`` (gRPC ``code``, by default
+    FailedPrecondition)."""
+    respond = fake.respond
+    refusals = [message] * times
+
+    def refusing(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v3/cluster/member/add" and refusals:
+            fake.calls.append((request.url.host, request.url.path, json.loads(request.content)))
+            return failure(code, refusals.pop())
+        return respond(request)
+
+    fake.respond = refusing  # type: ignore[method-assign]
+
+
 def test_a_new_member_is_added_as_a_learner() -> None:
     fake = cluster()
     plan = joined(fake)
@@ -176,17 +191,7 @@ def test_an_add_refused_as_member_not_found_while_membership_settles_is_retried(
     # etcd answered "member not found" to the add right after removing a member that had just
     # been killed (seen in the integration test); the join must be retried, not given up.
     fake = cluster(FakeMember(7, "cp2", PEER))
-    respond = fake.respond
-    refusals = [1]
-
-    def settling(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v3/cluster/member/add" and refusals:
-            refusals.pop()
-            fake.calls.append((request.url.host, request.url.path, json.loads(request.content)))
-            return failure(5, "etcdserver: member not found")
-        return respond(request)
-
-    fake.respond = settling  # type: ignore[method-assign]
+    refusing_adds(fake, "etcdserver: member not found", times=1, code=5)
     with pytest.raises(errors.EtcdUnavailable) as caught:
         joined(fake)
     assert caught.value.retryable and "membership is changing" in str(caught.value)
@@ -242,20 +247,6 @@ def test_pre_start_with_an_empty_data_dir_never_restarts_the_lost_member(
     assert args["initial-cluster"] == f"cp1=https://10.5.0.2:2380,cp2={PEER}"
 
 
-def refusing_adds(fake: FakeEtcd, message: str, times: int) -> None:
-    """Make etcd refuse the next ``times`` member adds with ``message`` (FailedPrecondition)."""
-    respond = fake.respond
-    refusals = [message] * times
-
-    def refusing(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v3/cluster/member/add" and refusals:
-            fake.calls.append((request.url.host, request.url.path, json.loads(request.content)))
-            return failure(9, refusals.pop())
-        return respond(request)
-
-    fake.respond = refusing  # type: ignore[method-assign]
-
-
 def test_pre_start_asks_again_while_another_learner_joins(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -287,15 +278,7 @@ def test_pre_start_fails_with_the_reason_when_the_cluster_does_not_settle_or_ref
     assert len(fake.requests("/v3/cluster/member/list")) == 1
     # So does an etcd that cannot answer: the next try looks the endpoints up anew.
     fake = cluster()
-    fake_respond = fake.respond
-
-    def unavailable(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v3/cluster/member/add":
-            fake.calls.append((request.url.host, request.url.path, json.loads(request.content)))
-            return failure(14, "etcdserver: request timed out")
-        return fake_respond(request)
-
-    fake.respond = unavailable  # type: ignore[method-assign]
+    refusing_adds(fake, "etcdserver: request timed out", times=1000, code=14)
     member = etcd_member(tmp_path, fake, monkeypatch)
     with pytest.raises(agent_etcd.EtcdNotReady, match=r"joining etcd at .*request timed out"):
         asyncio.run(member._prepare())

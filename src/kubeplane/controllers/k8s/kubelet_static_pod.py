@@ -266,10 +266,10 @@ async def kubelet_pods(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]
     response = await http.get(url)
     response.raise_for_status()
     pod_list = response.json()
-    items = pod_list.get("items") if isinstance(pod_list, dict) else None
-    if not isinstance(pod_list, dict) or not isinstance(items or [], list):
+    items = (pod_list.get("items") or []) if isinstance(pod_list, dict) else None
+    if not isinstance(items, list):
         raise ValueError("answered something other than a PodList")
-    return [pod for pod in items or () if isinstance(pod, dict)]
+    return [pod for pod in items if isinstance(pod, dict)]
 
 
 def _readiness_probe(pod: Any) -> tuple[str, str, int, str] | None:

@@ -130,6 +130,14 @@ class FakePods:
         return httpx.Response(200, json=self.pods[name])
 
 
+def _controller(pods: FakePods, pods_url: str) -> mirror_status.MirrorPodStatusController:
+    return mirror_status.MirrorPodStatusController(
+        pods_url=pods_url,
+        retry_interval=0.01,
+        kube_client=lambda text: kube.KubeClient(text, transport=httpx.MockTransport(pods.handle)),
+    )
+
+
 def _control_plane(state: State) -> None:
     publish_addresses(state)
     certs = catalog.KubernetesSecretSpec(data={"localAdminKubeconfig": KUBECONFIG})
@@ -168,11 +176,7 @@ def test_the_controller_writes_listed_and_watched_mirrors_and_leaves_a_conflict(
         ]
     }
     url = local_server.serve("/pods", json.dumps(kubelet).encode())
-    controller = mirror_status.MirrorPodStatusController(
-        pods_url=url,
-        retry_interval=0.01,
-        kube_client=lambda text: kube.KubeClient(text, transport=httpx.MockTransport(pods.handle)),
-    )
+    controller = _controller(pods, url)
 
     async def body(state: State) -> None:
         _control_plane(state)
@@ -193,11 +197,7 @@ def test_the_controller_writes_listed_and_watched_mirrors_and_leaves_a_conflict(
 def test_nothing_is_watched_without_the_local_admin_kubeconfig(local_server: LocalServer) -> None:
     pods = FakePods([mirror("kube-apiserver-cp1")], watched=[])
     url = local_server.serve("/pods", json.dumps({"items": [static("kube-apiserver-cp1")]}).encode())
-    controller = mirror_status.MirrorPodStatusController(
-        pods_url=url,
-        retry_interval=0.01,
-        kube_client=lambda text: kube.KubeClient(text, transport=httpx.MockTransport(pods.handle)),
-    )
+    controller = _controller(pods, url)
 
     async def body(state: State) -> None:
         publish_addresses(state)
