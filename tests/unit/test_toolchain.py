@@ -51,6 +51,17 @@ esac
 KUBEADM
 chmod +x _output/bin/kubeadm
 """
+#: The lines of the generic API server that kubeplane's shutdown change touches.
+GENERIC_APISERVER_GO = b"""package server
+
+import (
+	"net/http"
+)
+
+func (s preparedGenericAPIServer) NonBlockingRun(stopCh <-chan struct{}) (<-chan struct{}, error) {
+		stoppedCh, err = s.SecureServingInfo.Serve(s.Handler, s.ShutdownTimeout, internalStopCh)
+}
+"""
 FAILING_MAKE = """#!/bin/sh
 echo "vendor/k8s.io/foo: cannot find package"
 echo "make: *** [Makefile:93: all] Error 2"
@@ -76,6 +87,7 @@ def _seed_source(cache: Path) -> None:
         {
             "kubernetes-1.20.2/build/pause/linux/pause.c": PAUSE_C,
             "kubernetes-1.20.2/build/pause/Makefile": b"TAG = 3.4\nREV = $(shell git describe)\n",
+            f"kubernetes-1.20.2/{toolchain.SHUTDOWN_PATCH_FILE}": GENERIC_APISERVER_GO,
         }
     )
     (debian / orig).write_bytes(data)
@@ -190,6 +202,10 @@ def test_first_ensure_builds_everything_and_second_only_verifies(
     # The tree's vendored reflect2 is Debian's (the .go files, never its go.mod).
     vendored = cache / "src" / "kubernetes-1.20.2" / toolchain.REFLECT2_VENDOR
     assert sorted(p.name for p in vendored.iterdir()) == ["reflect2.go"]
+    # The API server it builds tells clients to reconnect from the start of a graceful shutdown.
+    patched = (cache / "src" / "kubernetes-1.20.2" / toolchain.SHUTDOWN_PATCH_FILE).read_text()
+    assert "Serve(closeOnShutdown(s.Handler, s.readinessStopCh), s.ShutdownTimeout" in patched
+    assert 'w.Header().Set("Connection", "close")' in patched
     assert stamp["artifacts"]["bin/kubelet"]["sha256"] == toolchain.sha256_file(paths.binary("kubelet"))
     build_log = (cache / "logs" / "v1.20.2" / "build.log").read_text()
     # Built without dockershim: no kubelet start waits 5 s for a docker daemon.
@@ -251,6 +267,53 @@ def test_suffixed_version_is_a_distinct_build(cache: Path, tmp_path: Path, make_
     assert "Kubernetes v1.20.2-kp.1" in custom.binary("kube-apiserver").read_text()
     assert '"Kubernetes v1.20.2"' in plain.binary("kube-apiserver").read_text()
     assert tc.versions() == ["v1.20.2", "v1.20.2-kp.1"]
+    # The tree both builds share carries the shutdown change once.
+    patched = (cache / "src" / "kubernetes-1.20.2" / toolchain.SHUTDOWN_PATCH_FILE).read_text()
+    assert patched.count(toolchain.SHUTDOWN_PATCH_MARKER) == 1
+    assert patched.count("closeOnShutdown(") == 2  # its definition and the one call
+
+
+def test_a_build_from_before_the_shutdown_change_is_rebuilt(
+    cache: Path, tmp_path: Path, make_runs: Path
+) -> None:
+    tc = _toolchain(cache, tmp_path)
+    paths = tc.ensure("v1.20.2")
+    stamp = json.loads(paths.stamp.read_text())
+    stamp["format"] = 3
+    paths.stamp.write_text(json.dumps(stamp))
+    events = Recorder()
+    tc.ensure("v1.20.2", progress=events)
+    assert events.states()["build"] == "done"
+    assert len(make_runs.read_text().splitlines()) == 2
+
+
+def test_an_earlier_form_of_the_shutdown_change_is_replaced_once(tmp_path: Path) -> None:
+    source = tmp_path / toolchain.SHUTDOWN_PATCH_FILE
+    source.parent.mkdir(parents=True)
+    source.write_bytes(GENERIC_APISERVER_GO)
+    toolchain.patch_shutdown_close(tmp_path)
+    current = source.read_text()
+    assert current.count(toolchain.SHUTDOWN_PATCH_MARKER) == 1 and "req.ProtoMajor == 1" in current
+    toolchain.patch_shutdown_close(tmp_path)
+    assert source.read_text() == current
+    # A cached tree patched by an earlier build, with another body after the marker.
+    earlier = current[: current.index(toolchain.SHUTDOWN_PATCH_MARKER)] + toolchain.SHUTDOWN_PATCH_MARKER
+    source.write_text(earlier + "\nfunc closeOnShutdown() {}\n")
+    toolchain.patch_shutdown_close(tmp_path)
+    assert source.read_text() == current
+
+
+def test_a_tree_the_shutdown_change_does_not_fit_stops_the_build_naming_the_file(tmp_path: Path) -> None:
+    source = tmp_path / toolchain.SHUTDOWN_PATCH_FILE
+    source.parent.mkdir(parents=True)
+    source.write_bytes(GENERIC_APISERVER_GO.replace(b"s.Handler, s.ShutdownTimeout", b"handler, timeout"))
+    with pytest.raises(steps.StepFailed, match=r"genericapiserver\.go does not serve through") as failed:
+        toolchain.patch_shutdown_close(tmp_path)
+    assert failed.value.step == "build"
+    assert toolchain.SHUTDOWN_PATCH_MARKER not in source.read_text()
+    source.unlink()
+    with pytest.raises(steps.StepFailed, match=r"cannot read .*genericapiserver\.go"):
+        toolchain.patch_shutdown_close(tmp_path)
 
 
 def test_failing_build_names_step_and_log(cache: Path, tmp_path: Path, make_runs: Path) -> None:

@@ -971,9 +971,10 @@ class Node:
         connection to this API server: the load balancer sends no new connections to a node
         taken out of its rotation, but keeps those already open. So the kubelet stops first (it
         would start the pod again), the kube-apiserver gets SIGTERM and up to
-        :data:`APISERVER_STOP_TIMEOUT` seconds: its graceful shutdown answers the requests in
-        flight with ``Connection: close`` and closes idle connections, and clients reconnect to
-        another node. Best effort: whatever fails here, the halt still stops everything.
+        :data:`APISERVER_STOP_TIMEOUT` seconds: its graceful shutdown keeps answering for its
+        shutdown delay, telling each client to reconnect (``Connection: close``, a GOAWAY over
+        HTTP/2), then closes the idle connections, and clients go on with another node. Best
+        effort: whatever fails here, the halt still stops everything.
         """
         services = self.services
         supervisor_ids = services.supervisor.ids() if services is not None else []

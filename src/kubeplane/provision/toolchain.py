@@ -16,7 +16,9 @@ the etcd image ``kubeadm`` asks for, packed from Debian's etcd), and the pipelin
    after replacing the tree's vendored ``github.com/modern-go/reflect2`` v1.0.1 with Debian's
    v1.0.2 (:data:`REFLECT2_DEBIAN`): v1.0.1 reads Go runtime internals that changed in Go 1.18,
    and built with Go 1.19 it panics (a nil pointer in ``UnsafeMapType.Key``) wherever a map type
-   is first encoded, which ``kubeadm`` does with every config it writes;
+   is first encoded, which ``kubeadm`` does with every config it writes; and after kubeplane's
+   one change to the code (:func:`patch_shutdown_close`): a kube-apiserver that is shutting down
+   tells its clients to reconnect elsewhere while it still answers;
 5. ``pause``: ``build/pause/linux/pause.c`` with ``gcc -Os -static``;
 6. ``images``: docker-archive tars named like upstream (:mod:`kubeplane.provision.images`), and
    ``k8s.gcr.io/etcd:<the tag kubeadm asks for>`` from Debian's ``etcd-server`` in
@@ -89,8 +91,9 @@ PAUSE_TAG = cache_layout.PAUSE_TAG
 SOURCE_PACKAGE = "kubernetes"
 GO_BIN = Path("/usr/lib/go-1.19/bin")
 #: 2: binaries built with reflect2 v1.0.2 (format 1's panic in kubeadm), kubeadm and the etcd
-#: image added; 3: built with :data:`BUILD_TAGS`. An entry of an older format is rebuilt.
-STAMP_FORMAT = 3
+#: image added; 3: built with :data:`BUILD_TAGS`; 4: kube-apiserver with
+#: :data:`SHUTDOWN_PATCH_MARKER`'s change. An entry of an older format is rebuilt.
+STAMP_FORMAT = 4
 #: Go build tags of the binaries. ``dockerless`` leaves dockershim out of the kubelet, and with it
 #: cAdvisor's docker plugin, which at every kubelet start asks a docker daemon for its root
 #: directory five times, a second apart, before the kubelet syncs any pod (cadvisor #3175): 5 s
@@ -101,6 +104,41 @@ BUILD_TAGS = "dockerless"
 REFLECT2_DEBIAN = Path("/usr/share/gocode/src/github.com/modern-go/reflect2")
 REFLECT2_VENDOR = Path("vendor/github.com/modern-go/reflect2")
 REFLECT2_PACKAGE = "golang-github-modern-go-reflect2-dev"
+#: kubeplane's one change to Kubernetes' code (:func:`patch_shutdown_close`), in the generic API
+#: server every kube-apiserver build links: from the moment a graceful shutdown starts, every
+#: response asks its client to end the connection (HTTP/1.x ``Connection: close``; Go's HTTP/2
+#: server turns that header into a GOAWAY), while the server still answers for
+#: ``--shutdown-delay-duration``. Unpatched, the server answers normally during the delay and
+#: then closes its idle keep-alive connections, and an HTTP/1.1 client that sends a request on
+#: one at that instant loses it (HTTP/1.1 cannot announce the close; RFC 9112 §9.6). Patched, a
+#: client that sends anything during the delay leaves on its own and reconnects, through the
+#: load balancer, to another API server.
+SHUTDOWN_PATCH_FILE = Path("staging/src/k8s.io/apiserver/pkg/server/genericapiserver.go")
+SHUTDOWN_PATCH_MARKER = "// kubeplane: close connections from the start of a graceful shutdown"
+_SHUTDOWN_SERVE = "s.SecureServingInfo.Serve(s.Handler, s.ShutdownTimeout, internalStopCh)"
+_SHUTDOWN_SERVE_PATCHED = (
+    "s.SecureServingInfo.Serve(closeOnShutdown(s.Handler, s.readinessStopCh), "
+    "s.ShutdownTimeout, internalStopCh)"
+)
+_SHUTDOWN_FILTER = f"""
+{SHUTDOWN_PATCH_MARKER}
+// (--shutdown-delay-duration): every HTTP/1.x response then carries "Connection: close", so a
+// client ends its connection after the answer instead of meeting the close of its idle
+// connection when the delay is over. HTTP/2 is left to the shutdown's GOAWAY: sent with the
+// first answer of the delay, it would always reach a client while that answer is on its way.
+func closeOnShutdown(handler http.Handler, shuttingDown <-chan struct{{}}) http.Handler {{
+\treturn http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {{
+\t\tif req.ProtoMajor == 1 {{
+\t\t\tselect {{
+\t\t\tcase <-shuttingDown:
+\t\t\t\tw.Header().Set("Connection", "close")
+\t\t\tdefault:
+\t\t\t}}
+\t\t}}
+\t\thandler.ServeHTTP(w, req)
+\t}})
+}}
+"""
 
 _VERSION_RE = re.compile(r"^v(\d+\.\d+\.\d+)(-[0-9A-Za-z][0-9A-Za-z.-]*)?$")
 
@@ -592,6 +630,7 @@ class _Build:
     def _build(self, stamp: Stamp) -> None:
         tree = self.tree(stamp)
         self._vendor_reflect2(tree)
+        patch_shutdown_close(tree)
         what = " ".join(f"cmd/{name}" for name in KUBE_BINARIES)
         with self.steps.step("build", f"make {len(KUBE_BINARIES)} binaries {self.paths.version}"):
             # hack/lib/golang.sh reads the tags out of GOFLAGS (and adds its own).
@@ -750,6 +789,36 @@ def go_build(tree: Path, package: str, output: Path, *, home: Path) -> GoBuild:
         f"./{package}",
     ]
     return GoBuild(argv, env, link)
+
+
+def patch_shutdown_close(tree: Path) -> None:
+    """Apply kubeplane's graceful-shutdown change to the tree (:data:`SHUTDOWN_PATCH_FILE`);
+    nothing when it is there already, and an earlier form of it (the tree is cached) is replaced.
+    A tree whose code no longer has the line it changes fails the build, naming the file: a
+    kube-apiserver built without it would lose requests again."""
+    path = tree / SHUTDOWN_PATCH_FILE
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise steps_mod.StepFailed(
+            step="build", reason=f"cannot read {SHUTDOWN_PATCH_FILE} to patch it: {exc}", log=None
+        ) from exc
+    if SHUTDOWN_PATCH_MARKER in text:
+        if text.endswith(_SHUTDOWN_FILTER) and _SHUTDOWN_SERVE_PATCHED in text:
+            return
+        # Appended last, so everything from the marker on is the earlier form.
+        text = text[: text.index(SHUTDOWN_PATCH_MARKER)].replace(_SHUTDOWN_SERVE_PATCHED, _SHUTDOWN_SERVE)
+    if text.count(_SHUTDOWN_SERVE) != 1 or '"net/http"' not in text:
+        raise steps_mod.StepFailed(
+            step="build",
+            reason=(
+                f"{SHUTDOWN_PATCH_FILE} does not serve through {_SHUTDOWN_SERVE!r} exactly once: "
+                "kubeplane's kube-apiserver shutdown change does not apply to this source"
+            ),
+            log=None,
+        )
+    patched = text.replace(_SHUTDOWN_SERVE, _SHUTDOWN_SERVE_PATCHED).rstrip("\n") + "\n" + _SHUTDOWN_FILTER
+    fileio.write_atomic(path, patched, mode=0o644)
 
 
 def _dsc_field(dsc: Path, field: str) -> str:

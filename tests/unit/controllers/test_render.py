@@ -172,6 +172,20 @@ def test_local_api_port_is_the_secure_port(cp_inputs: render.ControlPlaneInputs)
     assert _container(pod)["readinessProbe"]["httpGet"]["port"] == 7443
 
 
+def test_apiserver_keeps_answering_while_it_stops_and_shares_its_port(
+    cp_inputs: render.ControlPlaneInputs,
+) -> None:
+    # /readyz fails for the whole delay, so the load balancer (out after 2 failed checks 1 s
+    # apart) stops sending connections before the listener closes; the replacement pod binds
+    # next to the old one meanwhile.
+    api = _flag_map(render.render_apiserver(cp_inputs, node_root=NODE_ROOT))
+    assert api["shutdown-delay-duration"] == render.APISERVER_SHUTDOWN_DELAY == "3s"
+    assert api["permit-port-sharing"] == "true"
+    # A user's own value wins.
+    inputs = _with(cp_inputs, files.APISERVER, extra_args={"shutdown-delay-duration": "10s"})
+    assert _flag_map(render.render_apiserver(inputs, node_root=NODE_ROOT))["shutdown-delay-duration"] == "10s"
+
+
 def test_v120_keeps_flags_that_later_releases_removed(cp_inputs: render.ControlPlaneInputs) -> None:
     pods = render.render_static_pods(cp_inputs, node_root=NODE_ROOT)
     api = _flag_map(pods[files.APISERVER])

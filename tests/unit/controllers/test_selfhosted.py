@@ -86,7 +86,12 @@ def test_flags_are_the_static_pod_flags_except_node_specific_ones(
     ds_flags = _flags(selfhosted.render_daemonset(component, inputs))
     differing = {k for k in static_flags.keys() | ds_flags.keys() if static_flags.get(k) != ds_flags.get(k)}
     expected = {
-        files.APISERVER: {"advertise-address", "audit-log-path"},
+        files.APISERVER: {
+            "advertise-address",
+            "audit-log-path",
+            "permit-port-sharing",
+            "shutdown-delay-duration",
+        },
         # No agent assigns pod CIDRs beside a self-hosted control plane: its own does.
         files.CONTROLLER_MANAGER: {"allocate-node-cidrs"},
     }.get(component, set())
@@ -95,6 +100,9 @@ def test_flags_are_the_static_pod_flags_except_node_specific_ones(
         assert (static_flags["allocate-node-cidrs"], ds_flags["allocate-node-cidrs"]) == ("false", "true")
     if component == files.APISERVER:
         assert ds_flags["advertise-address"] == "$(POD_IP)"
+        # convert-k8s hands each node over out of the rotation: a delay would only slow it.
+        assert (static_flags["shutdown-delay-duration"], ds_flags["shutdown-delay-duration"]) == ("3s", "0s")
+        assert (static_flags["permit-port-sharing"], ds_flags["permit-port-sharing"]) == ("true", "false")
         env = _template(selfhosted.render_daemonset(component, inputs))["spec"]["containers"][0]["env"]
         assert env == [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
 

@@ -112,6 +112,14 @@ _PSP_REMOVED_IN = KubeVersion(1, 25)
 
 DEFAULT_AUDIT_LOG_DIR = PurePosixPath("var/log/audit/kube")
 
+#: How long a stopping kube-apiserver keeps answering (``--shutdown-delay-duration``): its
+#: ``/readyz`` fails from the first second, so a load balancer checking it (a local cluster's
+#: haproxy: every second, out after two failures) has stopped sending it connections before the
+#: listener closes. kubeplane's kube-apiserver build (``provision/toolchain.py``,
+#: ``patch_shutdown_close``) also tells every client it answers in that time to reconnect, so
+#: no client is left on a connection that closes under it.
+APISERVER_SHUTDOWN_DELAY = "3s"
+
 
 def has_pod_security_policy(version: KubeVersion) -> bool:
     """Whether `version` still has the PodSecurityPolicy admission plugin and API."""
@@ -357,6 +365,11 @@ def render_apiserver(inputs: ControlPlaneInputs, *, node_root: PurePosixPath) ->
         "requestheader-group-headers": "X-Remote-Group",
         "requestheader-username-headers": "X-Remote-User",
         "secure-port": str(inputs.local_api_port),
+        # A changed static pod's replacement starts while the old one is still in its shutdown
+        # delay (kubelet 1.20 runs the two pods' workers side by side): both bind the port with
+        # SO_REUSEPORT instead of the new one crash-looping until the old one exits.
+        "permit-port-sharing": "true",
+        "shutdown-delay-duration": APISERVER_SHUTDOWN_DELAY,
         "service-account-issuer": issuer,
         "service-account-key-file": path(files.SERVICE_ACCOUNT_PUB),
         "service-account-signing-key-file": path(files.SERVICE_ACCOUNT_KEY),

@@ -146,11 +146,19 @@ def render_daemonset(component: str, inputs: SelfHostedInputs) -> dict[str, Any]
     own_inputs = inputs.components.get(component, inputs.control_plane)
     cp = dataclasses.replace(own_inputs, advertise_address="$(POD_IP)")
     if component == files.APISERVER:
-        # Defaults first so a user's extraArgs audit-log-path still wins.
+        # Defaults first so a user's extraArgs still win. Not the static pod's shutdown delay and
+        # shared port: convert-k8s replaces each pod out of the load balancer's rotation and the
+        # static pod waits for the port to be free (kubelet_static_pod.py), so a delay would only
+        # lengthen each node's hand-over; and with a shared port a pod checkpoint would serve
+        # beside a running pod instead of waiting for it to go.
         own = cp.apiserver
-        cp = dataclasses.replace(
-            cp, apiserver=dataclasses.replace(own, extra_args={"audit-log-path": "-", **own.extra_args})
-        )
+        extra = {
+            "audit-log-path": "-",
+            "permit-port-sharing": "false",
+            "shutdown-delay-duration": "0s",
+            **own.extra_args,
+        }
+        cp = dataclasses.replace(cp, apiserver=dataclasses.replace(own, extra_args=extra))
     if component == files.CONTROLLER_MANAGER:
         # No agent assigns pod CIDRs beside a self-hosted control plane (node_cidr.py): this does.
         own = cp.controller_manager
