@@ -301,6 +301,13 @@ def test_an_earlier_form_of_the_shutdown_change_is_replaced_once(tmp_path: Path)
     source.write_text(earlier + "\nfunc closeOnShutdown() {}\n")
     toolchain.patch_shutdown_close(tmp_path)
     assert source.read_text() == current
+    # One whose call passed other arguments.
+    call = "closeOnShutdown(s.Handler, s.readinessStopCh)"
+    other_call = earlier.replace(call, "closeOnShutdown(s.Handler, x)")
+    assert other_call != earlier
+    source.write_text(other_call + "\nfunc closeOnShutdown() {}\n")
+    toolchain.patch_shutdown_close(tmp_path)
+    assert source.read_text() == current
 
 
 def test_a_tree_the_shutdown_change_does_not_fit_stops_the_build_naming_the_file(tmp_path: Path) -> None:

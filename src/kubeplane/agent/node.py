@@ -972,9 +972,9 @@ class Node:
         taken out of its rotation, but keeps those already open. So the kubelet stops first (it
         would start the pod again), the kube-apiserver gets SIGTERM and up to
         :data:`APISERVER_STOP_TIMEOUT` seconds: its graceful shutdown keeps answering for its
-        shutdown delay, telling each client to reconnect (``Connection: close``, a GOAWAY over
-        HTTP/2), then closes the idle connections, and clients go on with another node. Best
-        effort: whatever fails here, the halt still stops everything.
+        shutdown delay, telling each HTTP/1.x client to reconnect (``Connection: close``), then
+        sends HTTP/2 clients a GOAWAY and closes the idle connections, and clients go on with
+        another node. Best effort: whatever fails here, the halt still stops everything.
         """
         services = self.services
         supervisor_ids = services.supervisor.ids() if services is not None else []
@@ -1113,7 +1113,7 @@ class Node:
     ) -> None:
         state = self.state
         assert state is not None  # services run only on a booted node
-        self._publish_config(state, selfhosted.with_temporary_keys(original))
+        self._publish_config(state, selfhosted.temporary_config(original))
         runner = selfhosted.SelfHostedBootstrap(
             state=state,
             paths=self.paths,

@@ -8,9 +8,10 @@ Sequence (:meth:`SelfHostedBootstrap.run`, a background task of the agent after 
 
 1. ``temporary control plane``: before etcd starts, the node publishes (in memory only, never
    persisted) its machine config plus a service account key and an aggregator CA generated for
-   this bootstrap; the ordinary controllers then render secrets and static pods from it (the
-   etcd ``initialized`` key does not exist yet, so the node is not self-hosted) and apply the
-   bootstrap manifests.
+   this bootstrap, its kube-apiserver without the static pod's shutdown delay and shared port
+   (:data:`TEMPORARY_APISERVER_ARGS`); the ordinary controllers then render secrets and static
+   pods from it (the etcd ``initialized`` key does not exist yet, so the node is not
+   self-hosted) and apply the bootstrap manifests.
 2. ``applying self-hosted objects``: once the API server answers, the Secrets (made of the very
    files the static pods use, so the temporary plane's service account tokens stay valid), the
    control plane DaemonSets and the pod-checkpointer (:mod:`kubeplane.controllers.k8s.selfhosted`).
@@ -78,10 +79,22 @@ class Options:
     grace_period_seconds: int = DEFAULT_GRACE_PERIOD
 
 
-def with_temporary_keys(document: config.MachineConfig) -> config.MachineConfig:
-    """``document`` plus a generated service account key and aggregator CA where it has none."""
+#: kube-apiserver flags of the temporary control plane, unless its config sets them: its static
+#: pod's shutdown delay and shared port (controllers/k8s/render.py) would only keep the port
+#: from the DaemonSet pod, which waits for it, for longer (as in selfhosted.render_daemonset).
+TEMPORARY_APISERVER_ARGS = render.APISERVER_NO_SHUTDOWN_DELAY
+
+
+def temporary_config(document: config.MachineConfig) -> config.MachineConfig:
+    """``document`` plus a generated service account key and aggregator CA where it has none,
+    and :data:`TEMPORARY_APISERVER_ARGS` where its ``cluster.apiServer.extraArgs`` has none."""
     cluster = document.model.cluster
     patch: dict[str, Any] = {}
+    own_args = (cluster.api_server.extra_args if cluster.api_server else None) or {}
+    given = {name.lstrip("-") for name in own_args}
+    missing = {name: value for name, value in TEMPORARY_APISERVER_ARGS.items() if name not in given}
+    if missing:
+        patch["apiServer"] = {"extraArgs": missing}
     if cluster.service_account is None or not cluster.service_account.key:
         key = pki.service_account_key()
         patch["serviceAccount"] = {"key": base64.b64encode(key).decode()}

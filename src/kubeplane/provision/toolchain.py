@@ -106,9 +106,9 @@ REFLECT2_VENDOR = Path("vendor/github.com/modern-go/reflect2")
 REFLECT2_PACKAGE = "golang-github-modern-go-reflect2-dev"
 #: kubeplane's one change to Kubernetes' code (:func:`patch_shutdown_close`), in the generic API
 #: server every kube-apiserver build links: from the moment a graceful shutdown starts, every
-#: response asks its client to end the connection (HTTP/1.x ``Connection: close``; Go's HTTP/2
-#: server turns that header into a GOAWAY), while the server still answers for
-#: ``--shutdown-delay-duration``. Unpatched, the server answers normally during the delay and
+#: HTTP/1.x response asks its client to end the connection (``Connection: close``) while the
+#: server still answers for ``--shutdown-delay-duration`` (HTTP/2 clients get the shutdown's
+#: GOAWAY when the delay ends, as before). Unpatched, the server answers normally during the delay and
 #: then closes its idle keep-alive connections, and an HTTP/1.1 client that sends a request on
 #: one at that instant loses it (HTTP/1.1 cannot announce the close; RFC 9112 §9.6). Patched, a
 #: client that sends anything during the delay leaves on its own and reconnects, through the
@@ -120,6 +120,7 @@ _SHUTDOWN_SERVE_PATCHED = (
     "s.SecureServingInfo.Serve(closeOnShutdown(s.Handler, s.readinessStopCh), "
     "s.ShutdownTimeout, internalStopCh)"
 )
+_SHUTDOWN_CALL = re.compile(r"closeOnShutdown\(s\.Handler(, [^()]*)?\)")
 _SHUTDOWN_FILTER = f"""
 {SHUTDOWN_PATCH_MARKER}
 // (--shutdown-delay-duration): every HTTP/1.x response then carries "Connection: close", so a
@@ -806,8 +807,9 @@ def patch_shutdown_close(tree: Path) -> None:
     if SHUTDOWN_PATCH_MARKER in text:
         if text.endswith(_SHUTDOWN_FILTER) and _SHUTDOWN_SERVE_PATCHED in text:
             return
-        # Appended last, so everything from the marker on is the earlier form.
-        text = text[: text.index(SHUTDOWN_PATCH_MARKER)].replace(_SHUTDOWN_SERVE_PATCHED, _SHUTDOWN_SERVE)
+        # Appended last, so everything from the marker on is the earlier form; its call wraps
+        # s.Handler, whatever else it passed.
+        text = _SHUTDOWN_CALL.sub("s.Handler", text[: text.index(SHUTDOWN_PATCH_MARKER)])
     if text.count(_SHUTDOWN_SERVE) != 1 or '"net/http"' not in text:
         raise steps_mod.StepFailed(
             step="build",

@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -116,9 +117,17 @@ DEFAULT_AUDIT_LOG_DIR = PurePosixPath("var/log/audit/kube")
 #: ``/readyz`` fails from the first second, so a load balancer checking it (a local cluster's
 #: haproxy: every second, out after two failures) has stopped sending it connections before the
 #: listener closes. kubeplane's kube-apiserver build (``provision/toolchain.py``,
-#: ``patch_shutdown_close``) also tells every client it answers in that time to reconnect, so
-#: no client is left on a connection that closes under it.
+#: ``patch_shutdown_close``) also tells every HTTP/1.x client it answers in that time to
+#: reconnect, so a client that sends a request during the delay is not left on a connection that
+#: closes under it (one idle for the whole delay still is). The replacement pod serves beside
+#: the old one meanwhile (``--permit-port-sharing``), and some of its own start-up requests to
+#: itself reach the old one and are retried: a longer delay set in ``extraArgs`` lengthens that.
 APISERVER_SHUTDOWN_DELAY = "3s"
+#: The same flags for a kube-apiserver that something else waits to take the port of (a
+#: self-hosted DaemonSet pod, a self-hosted bootstrap's temporary one): it lets go at once.
+APISERVER_NO_SHUTDOWN_DELAY = MappingProxyType(
+    {"permit-port-sharing": "false", "shutdown-delay-duration": "0s"}
+)
 
 
 def has_pod_security_policy(version: KubeVersion) -> bool:

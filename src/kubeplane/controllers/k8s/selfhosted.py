@@ -152,12 +152,7 @@ def render_daemonset(component: str, inputs: SelfHostedInputs) -> dict[str, Any]
         # lengthen each node's hand-over; and with a shared port a pod checkpoint would serve
         # beside a running pod instead of waiting for it to go.
         own = cp.apiserver
-        extra = {
-            "audit-log-path": "-",
-            "permit-port-sharing": "false",
-            "shutdown-delay-duration": "0s",
-            **own.extra_args,
-        }
+        extra = {"audit-log-path": "-", **render.APISERVER_NO_SHUTDOWN_DELAY, **own.extra_args}
         cp = dataclasses.replace(cp, apiserver=dataclasses.replace(own, extra_args=extra))
     if component == files.CONTROLLER_MANAGER:
         # No agent assigns pod CIDRs beside a self-hosted control plane (node_cidr.py): this does.
