@@ -248,18 +248,13 @@ class KubeletCSRController(api_watch.WatchingController[_Settings]):
     @staticmethod
     def _read_settings(ctx: ReconcileContext) -> _Settings | None:
         secrets = common.running_spec(ctx, catalog.SECRETS_NAMESPACE, catalog.ROOT_SECRETS, root.K8S_ID)
-        certs = common.running_spec(
-            ctx,
-            catalog.SECRETS_NAMESPACE,
-            catalog.KUBERNETES_SECRETS,
-            kubernetes_secrets.KUBERNETES_SECRETS_ID,
-        )
-        if secrets is None or certs is None or not certs.get("localAdminKubeconfig"):
+        kubeconfig = kubernetes_secrets.local_admin_kubeconfig(ctx)
+        if secrets is None or kubeconfig is None:
             return None
         ca = common.cert_key(secrets.get("ca") or {})
         if not ca.cert or not ca.key:
             return None
-        return _Settings(kubeconfig=str(certs["localAdminKubeconfig"]), ca=ca)
+        return _Settings(kubeconfig=kubeconfig, ca=ca)
 
     async def _watch(self, settings: _Settings, logger: ControllerLogger) -> None:
         """List the requests, handle each, then follow the changes; again after any break."""

@@ -35,7 +35,6 @@ from kubeplane.clients import errors as client_errors
 from kubeplane.clients import kube
 from kubeplane.controllers.k8s import api_watch
 from kubeplane.controllers.k8s.kubelet_static_pod import DEFAULT_PODS_URL, kubelet_pods
-from kubeplane.controllers.secrets import common
 from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
 from kubeplane.resources import catalog
 from kubeplane.runtime import ControllerLogger, Input, Output, ReconcileContext
@@ -123,18 +122,13 @@ class MirrorPodStatusController(api_watch.WatchingController[_Settings]):
         self._http: httpx.AsyncClient | None = None
 
     def _read_settings(self, ctx: ReconcileContext) -> _Settings | None:
-        certs = common.running_spec(
-            ctx,
-            catalog.SECRETS_NAMESPACE,
-            catalog.KUBERNETES_SECRETS,
-            kubernetes_secrets.KUBERNETES_SECRETS_ID,
-        )
+        kubeconfig = kubernetes_secrets.local_admin_kubeconfig(ctx)
         addresses = ctx.find(catalog.NETWORK_NAMESPACE, catalog.NODE_ADDRESSES, catalog.NODE_ADDRESSES_ID)
-        if certs is None or not certs.get("localAdminKubeconfig"):
+        if kubeconfig is None:
             return None  # not a control plane node
         if addresses is None or not isinstance(addresses.spec, catalog.NodeAddressesSpec):
             return None
-        return _Settings(kubeconfig=str(certs["localAdminKubeconfig"]), node=addresses.spec.hostname)
+        return _Settings(kubeconfig=kubeconfig, node=addresses.spec.hostname)
 
     async def _static_pods(self, logger: ControllerLogger) -> list[dict[str, Any]]:
         import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory

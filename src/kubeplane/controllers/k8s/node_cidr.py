@@ -38,7 +38,6 @@ from typing import Any, Protocol
 from kubeplane.clients import errors as client_errors
 from kubeplane.clients import kube
 from kubeplane.controllers.k8s import api_watch, etcd_access, files, render
-from kubeplane.controllers.secrets import common
 from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
 from kubeplane.resources import Resource, catalog
 from kubeplane.runtime import ControllerLogger, Input, Output, ReconcileContext
@@ -275,12 +274,7 @@ class NodeCIDRController(api_watch.WatchingController[_Settings]):
         bootstrap = ctx.find(
             catalog.RUNTIME_NAMESPACE, catalog.BOOTSTRAP_STATUSES, catalog.BOOTSTRAP_STATUS_ID
         )
-        certs = common.running_spec(
-            ctx,
-            catalog.SECRETS_NAMESPACE,
-            catalog.KUBERNETES_SECRETS,
-            kubernetes_secrets.KUBERNETES_SECRETS_ID,
-        )
+        kubeconfig = kubernetes_secrets.local_admin_kubeconfig(ctx)
         etcd = ctx.find(catalog.SECRETS_NAMESPACE, catalog.ETCD_SECRETS, etcd_access.ETCD_SECRETS_ID)
         flags = controller_manager_flags(pod)
         if flags is None or flags.get("allocate-node-cidrs", "false") != "false":
@@ -289,7 +283,7 @@ class NodeCIDRController(api_watch.WatchingController[_Settings]):
             return None
         if bootstrap.spec.self_hosted_control_plane:  # its DaemonSet allocates
             return None
-        if certs is None or not certs.get("localAdminKubeconfig") or etcd is None:
+        if kubeconfig is None or etcd is None:
             return None
         try:
             pool_list = pools(flags)
@@ -300,7 +294,7 @@ class NodeCIDRController(api_watch.WatchingController[_Settings]):
             return None
         self._refused = None
         return _Settings(
-            kubeconfig=str(certs["localAdminKubeconfig"]),
+            kubeconfig=kubeconfig,
             pools=pool_list,
             etcd=etcd,
             etcd_version=etcd.metadata.version,

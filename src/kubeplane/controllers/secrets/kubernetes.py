@@ -59,6 +59,17 @@ _KUBECONFIGS = (
 )
 
 
+def local_admin_kubeconfig(ctx: ReconcileContext) -> str | None:
+    """The running KubernetesSecrets' ``localAdminKubeconfig`` (a path on the node): None on a
+    node without one (a worker) and while the secrets are missing or torn down. Controllers that
+    talk to the local API server as admin (and so run on control plane nodes only) read it here."""
+    certs = common.running_spec(
+        ctx, catalog.SECRETS_NAMESPACE, catalog.KUBERNETES_SECRETS, KUBERNETES_SECRETS_ID
+    )
+    kubeconfig = certs.get("localAdminKubeconfig") if certs is not None else None
+    return str(kubeconfig) if kubeconfig else None
+
+
 class KubernetesSecretsController:
     """Issues the API server certificates and the control plane kubeconfigs."""
 
