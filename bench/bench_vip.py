@@ -4,9 +4,11 @@ Three node processes in network namespaces on a bridge of their own elect the VI
 real etcd (mutual TLS on loopback), as the integration test does (``tests/integration/
 vip_nodes.py``). The owner is then stopped ROUNDS times gracefully (SIGTERM: it gives the VIP up
 and revokes its lease) and ROUNDS times ungracefully (SIGKILL: its lease runs out), each time
-started again as a follower. Failover time: from the signal to the first sample (every 5 ms, in
-the namespaces) in which another node has the address; also the gap, from the last sample with
-the old owner to the first with the new one. p50 and max over the rounds, and the most nodes
+started again as a follower, and its kube-apiserver health check fails ROUNDS times (it gives the
+VIP up after ``Timing.unhealthy_after`` failed checks, then recovers as a follower). Failover
+time: from the signal (or the failing check's switch) to the first sample (every 5 ms, in the
+namespaces) in which another node has the address; also the gap, from the last sample with the
+old owner to the first with the new one. p50 and max over the rounds, and the most nodes
 ever seen holding it at once (1 means never two).
 
 Anchors (issue 17): kube-vip about 3 s, keepalived 3-4 s at its default advert interval, the
@@ -98,19 +100,26 @@ def start_etcd(directory: Path) -> tuple[subprocess.Popen[bytes], vip_nodes.Etcd
     return process, access
 
 
-def failover(nodes: vip_nodes.VipNodes, sampler: vip_nodes.Sampler, *, kill: bool) -> tuple[float, float]:
-    """Stop the owner; (signal → new owner, last sample with the old → first with the new)."""
+def failover(nodes: vip_nodes.VipNodes, sampler: vip_nodes.Sampler, *, how: str) -> tuple[float, float]:
+    """Take the owner out ``how`` ("term": SIGTERM, "kill": SIGKILL, "unhealthy": its kube-apiserver
+    health check fails); (that moment → new owner, last sample with the old → first with the new)."""
     sampler.wait_for(lambda held: len(held) == 1, after=time.monotonic(), timeout=15)
     owner = vip_nodes.holder_of(sampler.samples[-1][1])
     while owner is None:
         time.sleep(0.01)
         owner = vip_nodes.holder_of(sampler.samples[-1][1])
     signalled = time.monotonic()
-    nodes.stop(owner, kill=kill)
+    if how == "unhealthy":
+        nodes.set_healthy(owner, False)
+    else:
+        nodes.stop(owner, kill=how == "kill")
     moved = sampler.wait_for(lambda held: bool(held) and owner not in held, after=signalled, timeout=15)
     last_old = max(at for at, held in list(sampler.samples) if owner in held and at <= moved)
-    nodes.start(owner)
-    time.sleep(1.0)  # the restarted node settles as a follower
+    if how == "unhealthy":
+        nodes.set_healthy(owner, True)
+    else:
+        nodes.start(owner)
+    time.sleep(1.0)  # the restarted (or recovered) node settles as a follower
     return moved - signalled, moved - last_old
 
 
@@ -143,10 +152,12 @@ def main() -> None:
             sampler = vip_nodes.Sampler(nodes)
             for name in NODES:
                 nodes.start(name)
-            graceful = [failover(nodes, sampler, kill=False) for _ in range(ROUNDS)]
-            ungraceful = [failover(nodes, sampler, kill=True) for _ in range(ROUNDS)]
+            graceful = [failover(nodes, sampler, how="term") for _ in range(ROUNDS)]
+            ungraceful = [failover(nodes, sampler, how="kill") for _ in range(ROUNDS)]
+            unhealthy = [failover(nodes, sampler, how="unhealthy") for _ in range(ROUNDS)]
             report("graceful (SIGTERM)", graceful)
             report("ungraceful (SIGKILL)", ungraceful)
+            report("kube-apiserver unhealthy", unhealthy)
             print(f"most holders at once: {sampler.most_at_once()} over {len(sampler.samples)} samples")
         finally:
             if sampler is not None:

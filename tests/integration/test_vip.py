@@ -99,13 +99,17 @@ def test_one_holder_that_fails_over_on_every_loss(nodes: vip_nodes.VipNodes, etc
         assert moved - killed < timing.ttl + 1.5, nodes.logs()
         nodes.start(owner)
 
-        # The owner's kube-apiserver stops answering: it lets go, another takes over.
+        # The owner's kube-apiserver stops answering: it lets go after exactly `unhealthy_after`
+        # failed checks (its own account, so a loaded machine's slow ticks do not matter; how soon
+        # in seconds is bench/bench_vip.py's figure), and another takes over.
         owner = vip_nodes.holder_of(nodes.holders()) or ""
         assert owner, nodes.logs()
         sick = time.monotonic()
         nodes.set_healthy(owner, False)
-        moved = sampler.wait_for(lambda held: bool(held) and owner not in held, after=sick, timeout=5)
-        assert moved - sick < (timing.unhealthy_after + 2) * timing.tick + 0.5, nodes.logs()
+        sampler.wait_for(lambda held: bool(held) and owner not in held, after=sick, timeout=10)
+        gave_up = [reason for reason in nodes.reasons(owner) if reason.startswith("gave it up")]
+        expected = f"the local kube-apiserver failed {timing.unhealthy_after} health checks in a row"
+        assert gave_up and gave_up[-1] == f"gave it up: {expected}", nodes.logs()
         nodes.set_healthy(owner, True)
 
         # etcd freezes: the owner can no longer renew its lease and gives the VIP up before the

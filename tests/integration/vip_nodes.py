@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import ipaddress
+import json
 import signal
 import socket
 import subprocess
@@ -139,6 +140,16 @@ class VipNodes:
             f"--- {path.name} ---\n" + "\n".join(path.read_text(errors="replace").splitlines()[-30:])
             for path in sorted(self.directory.glob("*.log"))
         )
+
+    def reasons(self, name: str) -> list[str]:
+        """The reasons of every status change node ``name`` has printed, oldest first."""
+        reasons = []
+        for line in (self.directory / f"{name}.log").read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                printed = json.loads(line)
+                if isinstance(printed, dict) and "reason" in printed:
+                    reasons.append(str(printed["reason"]))
+        return reasons
 
     def holders(self) -> frozenset[str]:
         """The nodes whose eth0 has the VIP now (asked one node after the other)."""

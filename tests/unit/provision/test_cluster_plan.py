@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from kubeplane.cli import output
 from kubeplane.cli import upgrade as cli_upgrade
 from kubeplane.config import generate as gen
 from kubeplane.ops import health
-from kubeplane.provision import checkpointer_image, cluster, dns_image, leftovers, planning, state
+from kubeplane.provision import checkpointer_image, cluster, dns_image, leftovers, netns, planning, state
 from kubeplane.provision import create as create_mod
 
 pytestmark = pytest.mark.unit
@@ -184,10 +185,13 @@ def test_the_creation_records_the_ports_and_reaches_booted_nodes_on_them(tmp_pat
 
 
 def _forbid(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *names: str) -> None:
-    """State and client config under ``tmp_path``; ``names`` of the create module and the network
-    creation fail the test when called."""
+    """State, client config and the host-wide routes lock under ``tmp_path`` (so a ``cluster
+    create`` running on the host meanwhile neither blocks nor is blocked by the test); ``names``
+    of the create module and the network creation fail the test when called."""
     monkeypatch.setenv("KUBEPLANE_STATE", str(tmp_path / "state"))
     monkeypatch.setenv("KUBEPLANECONFIG", str(tmp_path / "config"))
+    lock = functools.partial(netns.host_routes_lock, path=tmp_path / "routes.lock")
+    monkeypatch.setattr(cluster_cli.netns, "host_routes_lock", lock)
 
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("nothing on the host may change here")
