@@ -89,7 +89,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
+    return sorted({*globals(), *_WHERE, *__all__})
 
 
 __all__ = [
