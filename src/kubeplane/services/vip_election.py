@@ -319,8 +319,9 @@ class Election:
             removed = await asyncio.to_thread(self.network.release, self.address)
         finally:
             await self._revoke(lease_id)
-        if removed:
-            log.info("gave up %s: %s", self.address.cidr, reason)
+        # Said even when the address had lapsed already: the holder lost its right to the VIP.
+        lapsed = "" if removed else " (its address had lapsed already)"
+        log.info("gave up %s%s: %s", self.address.cidr, lapsed, reason)
         self._set(Status(reason=f"gave it up: {reason}"))
 
     async def _revoke(self, lease_id: int) -> None:
