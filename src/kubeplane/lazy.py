@@ -42,9 +42,6 @@ class _Module:
         return module
 
     def __getattr__(self, attribute: str) -> Any:
-        if attribute in _Module.__slots__ or attribute.startswith("__"):
-            # Not the module's: a slot read before __init__ ran (copy, pickle) or a protocol lookup.
-            raise AttributeError(attribute)
         return getattr(self._load(), attribute)
 
     def __setattr__(self, attribute: str, value: Any) -> None:
@@ -53,30 +50,11 @@ class _Module:
     def __delattr__(self, attribute: str) -> None:
         delattr(self._load(), attribute)
 
-    def __copy__(self) -> _Module:
-        return self  # one proxy per module, as there is one module
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Module:
-        return self
-
     def __repr__(self) -> str:
         state = "imported" if self._module is not None else "not imported yet"
         return f"<lazy module {self._name!r} ({state})>"
 
 
-#: Every module a proxy was made for, in order (:func:`load_all`).
-_NAMES: list[str] = []
-
-
 def module(name: str) -> Any:
     """The module ``name``, imported when one of its attributes is first read."""
-    if name not in _NAMES:
-        _NAMES.append(name)
     return _Module(name)
-
-
-def load_all() -> None:
-    """Import every module a proxy was made for so far: to move the imports off a latency-bound
-    thread, or to find out that one of them does not import at all."""
-    for name in list(_NAMES):
-        importlib.import_module(name)

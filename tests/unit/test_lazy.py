@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 import threading
@@ -79,24 +78,6 @@ def test_threads_reading_mid_import_get_one_fully_executed_module(fake_module: s
     assert sys.modules[fake_module].EXECUTED == [1]
 
 
-def test_a_proxy_copied_or_asked_for_protocols_does_not_import(fake_module: str) -> None:
-    probe = lazy.module(fake_module)
-    assert not hasattr(probe, "__fspath__")
-    assert copy.copy(probe) is probe and copy.deepcopy(probe) is probe
-    # A proxy made without __init__ (as unpickling would): its slots are unset, and reading one is
-    # an AttributeError, not a recursion through __getattr__.
-    bare = object.__new__(type(probe))
-    with pytest.raises(AttributeError):
-        bare.answer  # noqa: B018
-    assert fake_module not in sys.modules
-
-
-def test_load_all_imports_every_module_a_proxy_was_made_for(fake_module: str) -> None:
-    lazy.module(fake_module)
-    lazy.load_all()
-    assert sys.modules[fake_module].answer() == 42
-
-
 def test_a_missing_module_fails_on_first_use() -> None:
     missing = lazy.module("kubeplane.no_such_module")
     with pytest.raises(ModuleNotFoundError, match=r"kubeplane\.no_such_module"):
@@ -123,18 +104,6 @@ def test_config_defaults_and_paths_come_without_the_models() -> None:
         "print(config.MachineConfig.__module__, config.models.Machine.__name__, 'pydantic' in sys.modules)\n"
     )
     assert out.splitlines() == ["[]", "kubeplane.config.document Machine True"]
-
-
-def test_config_dir_lists_every_public_name_once_before_any_is_used() -> None:
-    out = _fresh(
-        "from kubeplane import config\n"
-        "names = dir(config)\n"
-        "print(len(names) == len(set(names)), set(config.__all__) <= set(names))\n"
-        "config.load\n"
-        "names = dir(config)\n"
-        "print(len(names) == len(set(names)))\n"
-    )
-    assert out.split() == ["True", "True", "True"]
 
 
 def test_config_names_and_unknown_attributes() -> None:

@@ -62,7 +62,6 @@ from kubeplane.agent.store import ConfigStore
 from kubeplane.config.paths import NodePaths
 from kubeplane.resources import catalog
 from kubeplane.runtime import Controller, Runtime
-from kubeplane.services import logs as service_logs
 
 # What only a booted node uses is imported when the node boots, not while it waits in maintenance
 # mode for its first config (kubeplane.lazy; docs/architecture.md, Memory).
@@ -77,6 +76,7 @@ if TYPE_CHECKING:
     from kubeplane.controllers.network import vip as vip_controller
     from kubeplane.controllers.secrets import common as secrets_common
     from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
+    from kubeplane.services import logs as service_logs
     from kubeplane.services import supervisor, vip, wireguard_io
 else:
     node_containers = lazy.module("kubeplane.agent.containers")
@@ -90,23 +90,12 @@ else:
     vip_controller = lazy.module("kubeplane.controllers.network.vip")
     secrets_common = lazy.module("kubeplane.controllers.secrets.common")
     kubernetes_secrets = lazy.module("kubeplane.controllers.secrets.kubernetes")
+    service_logs = lazy.module("kubeplane.services.logs")
     supervisor = lazy.module("kubeplane.services.supervisor")
     vip = lazy.module("kubeplane.services.vip")
     wireguard_io = lazy.module("kubeplane.services.wireguard_io")
 
 log = logging.getLogger("kubeplaned")
-
-
-def load_booted_modules() -> None:
-    """Import what the agent otherwise imports on first use: the modules only a booted node runs
-    (``kubeplane.lazy``) and the config models. A booting node does it in a thread, so the
-    imports do not hold up the API it serves meanwhile; an upgrade's check of a new build does it
-    to refuse a build that could not boot (:func:`kubeplane.agent.main.check`)."""
-    lazy.load_all()
-    for name in config.__all__:
-        getattr(config, name)
-
-
 T = TypeVar("T")
 
 #: Delay between answering a call and acting on it (reboot, leaving maintenance), so the answer
@@ -257,7 +246,6 @@ class Node:
         """Start state, controllers and the secure API for ``document``."""
         self.maintenance = False
         self.phase = "booting"
-        await asyncio.to_thread(load_booted_modules)
         model = document.model
         hostname = model.machine.network.hostname if model.machine.network else None
         self._vips = frozenset(address.ip for address in vip.desired(model.machine.network))
@@ -589,9 +577,8 @@ class Node:
         to its saved config, as it would after a restart meanwhile.
         """
         try:
-            # Parsing a big document takes seconds (and the first one imports the config models):
-            # in a thread, the node serves meanwhile. A lambda, so config.load is looked up there.
-            new = await asyncio.to_thread(lambda: config.load(data))
+            # Parsing a big document takes seconds; in a thread, the node serves meanwhile.
+            new = await asyncio.to_thread(config.load, data)
         except config.ConfigError as exc:
             raise api.InvalidArgumentError(
                 f"invalid machine config: {len(exc.errors)} problem(s)",

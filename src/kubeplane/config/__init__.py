@@ -89,7 +89,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE, *__all__})
+    return sorted([*globals(), *_WHERE])
 
 
 __all__ = [

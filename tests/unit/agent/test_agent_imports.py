@@ -112,15 +112,6 @@ def test_maintenance_mode_loads_nothing_only_a_booted_node_needs() -> None:
     assert loaded == []
 
 
-def test_the_upgrade_check_imports_what_the_agent_imports_on_first_use() -> None:
-    """``check()`` (what an upgrade runs in a new build) loads every booted-only module, so a
-    build whose controllers or config models do not import is refused before it is installed."""
-    modules = imported_by("import kubeplane.agent.main as m\nm.check()")
-    wanted = [name for name in BOOTED_ONLY if name not in ("httpx", "pyroute2")]  # used on first call
-    missing = [name for name in wanted if not any(m == name or m.startswith(f"{name}.") for m in modules)]
-    assert missing == []
-
-
 def test_httpx_works_without_its_command_line_client() -> None:
     """The agent package blocks ``httpx._main`` only; httpx, imported later, keeps working."""
     modules = imported_by(
