@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
 
@@ -100,7 +101,9 @@ def start_etcd(directory: Path) -> tuple[subprocess.Popen[bytes], vip_nodes.Etcd
     return process, access
 
 
-def failover(nodes: vip_nodes.VipNodes, sampler: vip_nodes.Sampler, *, how: str) -> tuple[float, float]:
+def failover(
+    nodes: vip_nodes.VipNodes, sampler: vip_nodes.Sampler, *, how: Literal["term", "kill", "unhealthy"]
+) -> tuple[float, float]:
     """Take the owner out ``how`` ("term": SIGTERM, "kill": SIGKILL, "unhealthy": its kube-apiserver
     health check fails); (that moment → new owner, last sample with the old → first with the new)."""
     sampler.wait_for(lambda held: len(held) == 1, after=time.monotonic(), timeout=15)
