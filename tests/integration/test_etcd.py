@@ -102,6 +102,42 @@ def test_lease_expiry_keepalive_revoke(etcd_server: EtcdServer) -> None:
     run(scenario())
 
 
+def _connections_to(port: int) -> set[int]:
+    """The local ports of this process's established TCP connections to 127.0.0.1:``port``."""
+    inodes = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for row in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = row.split()
+        local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+        if state == "01" and remote == f"0100007F:{port:04X}" and inode in inodes:
+            ports.add(int(local.split(":")[1], 16))
+    return ports
+
+
+def test_lease_keepalives_share_one_connection(etcd_server: EtcdServer) -> None:
+    # A keep-alive is a stream that ends after its one answer: left unread, its connection was
+    # closed, and every keep-alive (the VIP holder sends one every 0.5 s) paid a new TCP and TLS
+    # handshake, which on a loaded machine came too late.
+    port = int(etcd_server.endpoint.rsplit(":", 1)[1])
+
+    async def scenario() -> list[set[int]]:
+        async with etcd_server.client_for() as etcd:
+            lease = await etcd.lease_grant(10)
+            seen = []
+            for _ in range(5):
+                assert await etcd.lease_keepalive(lease.id, timeout=2) == 10
+                seen.append(_connections_to(port))
+            return seen
+
+    seen = run(scenario())
+    assert len(seen[0]) == 1 and all(ports == seen[0] for ports in seen), seen
+
+
 def test_lock_mutual_exclusion(etcd_server: EtcdServer) -> None:
     events: list[tuple[str, str]] = []
 

@@ -390,13 +390,20 @@ class EtcdClient:
         endpoint: str | None = None,
         timeout: float | Literal["default"] | None = "default",
     ) -> dict[str, Any]:
-        """POST ``body`` to ``path`` and return the decoded answer (the first line of a stream)."""
+        """POST ``body`` to ``path`` and return the decoded answer (the first line of a stream).
+
+        The body is read to its end even after that line: a response closed unread closes its
+        connection too. The one stream this serves, a lease keep-alive, ends right after its one
+        answer (the request's stream has ended), and returning at the answer made every keep-alive
+        open a new connection, a TCP and TLS handshake that on a loaded machine came too late.
+        """
         limit = self.timeout if timeout == "default" else timeout
+        answer: dict[str, Any] | None = None
         async with self._stream(path, body, endpoint=endpoint, timeout=limit) as (url, response):
             async for line in response.aiter_lines():
-                if line.strip():
-                    return _stream_item(line, endpoint=url)
-        return {}
+                if answer is None and line.strip():
+                    answer = _stream_item(line, endpoint=url)
+        return answer or {}
 
     @contextlib.asynccontextmanager
     async def _stream(
