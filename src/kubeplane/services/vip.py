@@ -26,8 +26,9 @@ then would cost clients a failover for nothing. A holder cut off from etcd's quo
 lease on the other side instead, and the next node takes the key once it expired there, after
 the address has lapsed here. The holder lets go (removes the address, revokes the lease) when
 etcd says its lease is gone, when its local kube-apiserver failed :attr:`Timing.unhealthy_after`
-health checks in a row, and when the agent stops (so the next node takes over within one round
-trip).
+health checks in a row or left one unanswered for :attr:`Timing.unresponsive_after` seconds (a
+late answer is not a failed check), and when the agent stops (so the next node takes over within
+one round trip).
 """
 
 from __future__ import annotations
@@ -86,9 +87,14 @@ class Timing:
     margin: float = 0.5
     #: Failed kube-apiserver health checks in a row that make the holder give the VIP up.
     unhealthy_after: int = 2
-    #: How long one health check or keep-alive may take; with ``tick`` less than ``lifetime``,
-    #: so a healthy holder renews the address before it runs out.
+    #: How long a tick waits for the health check's answer (one that comes later counts at a
+    #: later tick) and at least for a keep-alive's; with ``tick`` less than ``lifetime``, so a
+    #: healthy holder renews the address before it runs out.
     check_timeout: float = 0.25
+    #: How long one health check may go unanswered before the holder gives the VIP up. A slow
+    #: answer is not a failed one: on a loaded machine the kube-apiserver answers late, and moving
+    #: the VIP to another node of that machine would only cost clients a failover.
+    unresponsive_after: float = 2.0
     #: Gratuitous ARP announcements after taking the VIP, one per tick.
     announcements: int = 3
     #: How often the holder makes sure its etcd member does not lead (it hands leadership over).
@@ -114,6 +120,8 @@ class Tenure:
         self.timing = timing
         self.safe_until = granted_at + ttl - timing.margin
         self.failed_checks = 0
+        #: How long the health check in flight has gone unanswered (0: none is late).
+        self.unanswered_for = 0.0
         self.lease_gone = False
 
     def keepalive(self, *, sent: float, ttl: int) -> None:
@@ -127,6 +135,11 @@ class Tenure:
     def health(self, ok: bool) -> None:
         """The outcome of one check of the local kube-apiserver."""
         self.failed_checks = 0 if ok else self.failed_checks + 1
+        self.unanswered_for = 0.0
+
+    def unanswered(self, seconds: float) -> None:
+        """The check of the local kube-apiserver in flight has gone ``seconds`` without an answer."""
+        self.unanswered_for = seconds
 
     def may_renew(self, now: float) -> bool:
         """Whether the address may be renewed at ``now``: its new lifetime ends while the lease is
@@ -139,6 +152,8 @@ class Tenure:
             return "etcd says the lease is gone"
         if self.failed_checks >= self.timing.unhealthy_after:
             return f"the local kube-apiserver failed {self.failed_checks} health checks in a row"
+        if self.unanswered_for >= self.timing.unresponsive_after:
+            return f"the local kube-apiserver left a health check unanswered for {self.unanswered_for:.1f}s"
         return None
 
 

@@ -89,6 +89,40 @@ async def _to_the_end(call: Callable[[], object]) -> None:
         raise
 
 
+class _HealthChecks:
+    """The local kube-apiserver's health checks: one at a time, and never cancelled by a wait
+    that stops waiting for one. Cancelling an HTTP request closes its connection, and on a loaded
+    machine the next check's new TCP and TLS handshake made that one late too: one slow answer
+    became the failed checks in a row that moved the VIP. A late answer counts when it comes."""
+
+    def __init__(self, healthy: Callable[[], Awaitable[bool]], clock: Callable[[], float]) -> None:
+        self._healthy = healthy
+        self._clock = clock
+        self._task: asyncio.Future[bool] | None = None
+        self._since = 0.0
+
+    async def outcome(self, wait: float) -> tuple[bool | None, float]:
+        """Whether the local kube-apiserver passed the check in flight (one is started if none
+        is), waiting up to ``wait`` seconds for it (None: no answer yet), and how long ago that
+        check was started."""
+        if self._task is None:
+            self._since = self._clock()
+            self._task = asyncio.ensure_future(self._healthy())
+        done, _pending = await asyncio.wait({self._task}, timeout=wait)
+        age = self._clock() - self._since
+        if not done:
+            return None, age
+        task, self._task = self._task, None
+        return task.result(), age
+
+    async def cancel(self) -> None:
+        """Drop the check in flight, if any (the election ends)."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+
+
 class Election:
     """One node's side of one VIP's election (see the module docstring)."""
 
@@ -110,6 +144,7 @@ class Election:
         self.node = node
         self.network = network
         self.healthy = healthy
+        self._checks = _HealthChecks(healthy, clock)
         self.timing = timing or vip.Timing()
         self.on_change = on_change
         self.step_down = step_down
@@ -142,13 +177,15 @@ class Election:
                     self._set(Status(reason=str(exc)))
                     await asyncio.sleep(self.timing.tick)
         finally:
+            await self._checks.cancel()
             if self._lease is not None:
                 lease, self._lease = self._lease, None
                 await self._revoke(lease)
 
     async def _round(self) -> None:
         tick = self.timing.tick
-        if await self._unhealthy():
+        passed, _age = await self._checks.outcome(self.timing.check_timeout)
+        if not passed:
             self._set(
                 dataclasses.replace(self.status, reason="waiting for the local kube-apiserver to answer")
             )
@@ -282,18 +319,25 @@ class Election:
                 wake = self.clock()
             await asyncio.sleep(max(0.0, wake - self.clock()))
             sent = self.clock()
-            renewed, unhealthy = await asyncio.gather(self._keepalive(lease_id), self._unhealthy())
+            renewed, (passed, age) = await asyncio.gather(
+                self._keepalive(lease_id), self._checks.outcome(timing.check_timeout)
+            )
             if renewed == 0:
                 tenure.lost()
             elif renewed is not None:
                 tenure.keepalive(sent=sent, ttl=renewed)
-            tenure.health(not unhealthy)
-            if unhealthy:
-                log.info(
-                    "the local kube-apiserver failed a health check (%s; %d in a row)",
-                    unhealthy,
-                    tenure.failed_checks,
-                )
+            if passed is None:
+                if not tenure.unanswered_for:
+                    log.info("the local kube-apiserver is slow to answer its health check")
+                tenure.unanswered(age)
+            else:
+                if tenure.unanswered_for:
+                    log.info("the local kube-apiserver answered its health check after %.1fs", age)
+                tenure.health(passed)
+                if not passed:
+                    log.info(
+                        "the local kube-apiserver failed a health check (%d in a row)", tenure.failed_checks
+                    )
 
     async def _keepalive(self, lease_id: int) -> int | None:
         """The TTL etcd renewed the lease for; 0 when etcd says it is gone; None: no answer."""
@@ -304,14 +348,6 @@ class Election:
         except errors.EtcdError as exc:
             log.info("VIP lease keep-alive failed: %s", exc)
             return None
-
-    async def _unhealthy(self) -> str:
-        """Why the local kube-apiserver failed its health check; empty when it passed."""
-        try:
-            async with asyncio.timeout(self.timing.check_timeout):
-                return "" if await self.healthy() else "not ready"
-        except TimeoutError:
-            return f"no answer within {self.timing.check_timeout}s"
 
     async def _give_up(self, lease_id: int, reason: str) -> None:
         """Remove the address, then revoke the lease: the order that keeps the VIP single-owned."""

@@ -99,6 +99,16 @@ def test_tenure_lets_go_after_failed_health_checks_in_a_row_only() -> None:
     assert reason is not None and "kube-apiserver" in reason
 
 
+def test_tenure_lets_go_when_a_health_check_stays_unanswered_too_long_only() -> None:
+    tenure = vip.Tenure(TIMING, granted_at=100.0, ttl=2)
+    tenure.unanswered(TIMING.unresponsive_after - 0.1)
+    assert tenure.verdict() is None, "a slow answer is not a failed one"
+    tenure.health(True)
+    assert tenure.unanswered_for == 0.0, "an answer ends the wait"
+    tenure.unanswered(TIMING.unresponsive_after)
+    assert tenure.verdict() == "the local kube-apiserver left a health check unanswered for 2.0s"
+
+
 def test_default_timing_renews_the_address_before_it_runs_out() -> None:
     timing = vip.Timing()
     assert timing.tick + timing.check_timeout < timing.lifetime
@@ -523,3 +533,109 @@ def test_a_win_whose_write_outlasted_the_first_address_asks_for_a_keepalive_at_o
 def test_a_keepalive_answer_is_awaited_as_long_as_it_can_allow_a_renewal() -> None:
     assert vip.Timing().keepalive_timeout == 0.5  # 2 s lease - 0.5 s margin - 1 s address
     assert vip.Timing(ttl=2, lifetime=1, margin=0.9).keepalive_timeout == vip.Timing().check_timeout
+
+
+WAITING = "waiting for the local kube-apiserver to answer"
+
+
+class _SlowProbe:
+    """A kube-apiserver health check that answers ``healthy`` after ``delay`` seconds (never, for
+    None); records how many ran at once and how many were cancelled."""
+
+    def __init__(self, delay: float | None, *, healthy: bool = True) -> None:
+        self.delay = delay
+        self.healthy = healthy
+        self.started = 0
+        self.running = 0
+        self.most_at_once = 0
+        self.cancelled = 0
+
+    async def __call__(self) -> bool:
+        self.started += 1
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            if self.delay is None:
+                await asyncio.Event().wait()
+            await asyncio.sleep(self.delay or 0.0)
+            return self.healthy
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.running -= 1
+
+
+def _hold_for(probe: _SlowProbe, seconds: float, timing: vip.Timing) -> list[vip_election.Status]:
+    """Run cp1's election, which wins at once, with ``probe`` for ``seconds``; its statuses."""
+    statuses: list[vip_election.Status] = []
+
+    async def scenario() -> None:
+        election = vip_election.Election(
+            etcd=_WinningEtcd(),  # type: ignore[arg-type]
+            address=vip.Vip(link="eth0", ip="10.5.0.250", field="machine.network.interfaces[0].vip"),
+            node="cp1",
+            network=_QuietNetwork(),
+            healthy=probe,
+            timing=timing,
+            on_change=statuses.append,
+        )
+        task = asyncio.create_task(election.run())
+        await asyncio.sleep(seconds)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    return statuses
+
+
+def test_a_slow_health_answer_is_waited_for_not_cancelled_and_keeps_the_vip() -> None:
+    # Every answer takes 0.15 s, six ticks' worth of check_timeout: the holder waits for the check
+    # in flight (a cancelled request costs its connection, and the next check a new handshake)
+    # and counts the late answer. It used to count each as a failed check and give the VIP up.
+    timing = vip.Timing(ttl=2, tick=0.02, lifetime=1, margin=0.1, check_timeout=0.025, unresponsive_after=1.0)
+    probe = _SlowProbe(0.15)
+    statuses = _hold_for(probe, 1.2, timing)
+    shown = [(s.owner, s.held, s.reason) for s in statuses if s.reason != WAITING]
+    assert shown == [("cp1", True, "elected"), ("", False, "gave it up: stopped")], statuses
+    assert probe.most_at_once == 1 and probe.started >= 5, (probe.most_at_once, probe.started)
+    # Only the check in flight when the election was stopped is cancelled (it cancelled one a tick).
+    assert probe.cancelled <= 1, probe.cancelled
+
+
+def test_a_health_check_left_unanswered_gives_the_vip_up_after_unresponsive_after() -> None:
+    timing = vip.Timing(ttl=2, tick=0.02, lifetime=1, margin=0.1, check_timeout=0.025, unresponsive_after=0.3)
+    # Healthy for the campaign's check, then a check that never answers.
+    answers = iter([True])
+
+    async def probe() -> bool:
+        if next(answers, None):
+            return True
+        return await hung()
+
+    hung = _SlowProbe(None)
+    statuses = _hold_for(probe, 1.0, timing)  # type: ignore[arg-type]
+    gave_up = [s.reason for s in statuses if s.reason.startswith("gave it up")]
+    prefix = "gave it up: the local kube-apiserver left a health check unanswered for "
+    assert gave_up and gave_up[0].startswith(prefix) and gave_up[0].endswith("s"), statuses
+    # At the first tick past unresponsive_after (a tick waits at most tick + check_timeout).
+    waited = float(gave_up[0].removeprefix(prefix).removesuffix("s"))
+    assert 0.3 <= waited <= 0.3 + timing.tick + timing.check_timeout + 0.05, gave_up
+    assert statuses[-1].reason == WAITING, "and no new campaign"
+    assert hung.started == 1, "the one check in flight is waited for, not repeated"
+    assert hung.cancelled == 1 and hung.running == 0, "the election's end cancels it"
+
+
+def test_a_failed_answer_still_counts_at_once() -> None:
+    timing = vip.Timing(ttl=2, tick=0.02, lifetime=1, margin=0.1, check_timeout=0.025, unhealthy_after=2)
+    answers = iter([True])
+
+    async def probe() -> bool:
+        return next(answers, False)
+
+    statuses = _hold_for(probe, 0.5, timing)  # type: ignore[arg-type]
+    assert statuses[:2] == [
+        vip_election.Status(owner="cp1", held=True, reason="elected"),
+        vip_election.Status(reason="gave it up: the local kube-apiserver failed 2 health checks in a row"),
+    ], statuses
