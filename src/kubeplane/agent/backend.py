@@ -18,22 +18,34 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import kubeplane
-from kubeplane import api, resources, runtime
-from kubeplane.agent import certs as node_certs
-from kubeplane.agent import etcd, owned, selfhosted, services
+from kubeplane import api, lazy, resources, runtime
 from kubeplane.agent import upgrade as node_upgrade
-from kubeplane.controllers.timesync import time_sync
 
 if TYPE_CHECKING:
+    from kubeplane.agent import certs as node_certs
+    from kubeplane.agent import etcd, owned, selfhosted, services
     from kubeplane.agent.node import Node
+    from kubeplane.controllers.timesync import time_sync
+else:  # what only a booted node's calls use (kubeplane.lazy)
+    node_certs = lazy.module("kubeplane.agent.certs")
+    etcd = lazy.module("kubeplane.agent.etcd")
+    owned = lazy.module("kubeplane.agent.owned")
+    selfhosted = lazy.module("kubeplane.agent.selfhosted")
+    services = lazy.module("kubeplane.agent.services")
+    time_sync = lazy.module("kubeplane.controllers.timesync.time_sync")
 
 _CHUNK = 64 * 1024
 
 #: Log streams the agent writes itself (:mod:`kubeplane.agent.main`), besides one per service.
 AGENT_LOGS = ("kubeplaned", runtime.LOGGER_NAME)
-#: Services a node may run (the supervised ones and the time sync's ``chronyd``); each writes
-#: ``<id>.log`` next to the agent's streams.
-SERVICE_LOGS = (services.CONTAINERD, services.KUBELET, etcd.SERVICE_ID, time_sync.LOG)
+
+
+def service_logs() -> tuple[str, ...]:
+    """Services a node may run (the supervised ones and the time sync's ``chronyd``); each writes
+    ``<id>.log`` next to the agent's streams."""
+    return (services.CONTAINERD, services.KUBELET, etcd.SERVICE_ID, time_sync.LOG)
+
+
 #: What a log id looks like: a DNS-1123 label, so it can never be a path.
 _LOG_ID = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -205,7 +217,7 @@ class AgentBackend:
     def known_logs(self) -> set[str]:
         """Every log id the logs call accepts: the agent's streams and the node's services."""
         running = self._node.services.supervisor.ids() if self._node.services is not None else []
-        return {*AGENT_LOGS, *SERVICE_LOGS, *running}
+        return {*AGENT_LOGS, *service_logs(), *running}
 
     async def logs(self, *, service: str, tail: int | None, follow: bool) -> AsyncIterator[str]:
         check_log_id(service, self.known_logs(), node=self._node.name)

@@ -14,7 +14,7 @@ from pathlib import Path
 import kubeplane
 from kubeplane import config, metrics
 from kubeplane.agent import upgrade
-from kubeplane.agent.node import Node
+from kubeplane.agent.node import Node, load_booted_modules
 from kubeplane.config.paths import NodePaths
 from kubeplane.runtime import LOGGER_NAME as CONTROLLER_RUNTIME
 from kubeplane.services.logs import RotatingLogWriter
@@ -154,6 +154,13 @@ def run(argv: Sequence[str] | None = None) -> None:
     finally:
         if exporter is not None:
             exporter.stop()
+
+
+def check() -> None:
+    """What an agent upgrade runs in a new build before installing it (:mod:`.upgrade`): import
+    every module the agent imports on first use too, so a build that could start in maintenance
+    mode but not boot is refused."""
+    load_booted_modules()
 
 
 def main() -> None:

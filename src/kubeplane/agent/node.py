@@ -47,35 +47,66 @@ import struct
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 import kubeplane
-from kubeplane import api, config, pki, resources
-from kubeplane.agent import containers as node_containers
-from kubeplane.agent import controllers, nodecert, selfhosted
-from kubeplane.agent import reset as node_reset
-from kubeplane.agent import services as node_services
+from kubeplane import api, config, lazy, pki, resources
+from kubeplane.agent import nodecert
 from kubeplane.agent import upgrade as node_upgrade
 from kubeplane.agent.backend import AgentBackend
-from kubeplane.agent.etcd import EtcdMember, EtcdRefused
 from kubeplane.agent.events import EventLog
-from kubeplane.agent.services import NodeServices
 from kubeplane.agent.store import ConfigStore
-from kubeplane.api import trustd
-from kubeplane.clients import errors as client_errors
 from kubeplane.config.paths import NodePaths
-from kubeplane.controllers.network import vip as vip_controller
-from kubeplane.controllers.secrets import common as secrets_common
-from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
 from kubeplane.resources import catalog
 from kubeplane.runtime import Controller, Runtime
 from kubeplane.services import logs as service_logs
-from kubeplane.services import supervisor, vip, wireguard_io
+
+# What only a booted node uses is imported when the node boots, not while it waits in maintenance
+# mode for its first config (kubeplane.lazy; docs/architecture.md, Memory).
+if TYPE_CHECKING:
+    from kubeplane.agent import containers as node_containers
+    from kubeplane.agent import controllers, selfhosted
+    from kubeplane.agent import etcd as node_etcd
+    from kubeplane.agent import reset as node_reset
+    from kubeplane.agent import services as node_services
+    from kubeplane.api import trustd
+    from kubeplane.clients import errors as client_errors
+    from kubeplane.controllers.network import vip as vip_controller
+    from kubeplane.controllers.secrets import common as secrets_common
+    from kubeplane.controllers.secrets import kubernetes as kubernetes_secrets
+    from kubeplane.services import supervisor, vip, wireguard_io
+else:
+    node_containers = lazy.module("kubeplane.agent.containers")
+    controllers = lazy.module("kubeplane.agent.controllers")
+    selfhosted = lazy.module("kubeplane.agent.selfhosted")
+    node_etcd = lazy.module("kubeplane.agent.etcd")
+    node_reset = lazy.module("kubeplane.agent.reset")
+    node_services = lazy.module("kubeplane.agent.services")
+    trustd = lazy.module("kubeplane.api.trustd")
+    client_errors = lazy.module("kubeplane.clients.errors")
+    vip_controller = lazy.module("kubeplane.controllers.network.vip")
+    secrets_common = lazy.module("kubeplane.controllers.secrets.common")
+    kubernetes_secrets = lazy.module("kubeplane.controllers.secrets.kubernetes")
+    supervisor = lazy.module("kubeplane.services.supervisor")
+    vip = lazy.module("kubeplane.services.vip")
+    wireguard_io = lazy.module("kubeplane.services.wireguard_io")
 
 log = logging.getLogger("kubeplaned")
+
+
+def load_booted_modules() -> None:
+    """Import what the agent otherwise imports on first use: the modules only a booted node runs
+    (``kubeplane.lazy``) and the config models. A booting node does it in a thread, so the
+    imports do not hold up the API it serves meanwhile; an upgrade's check of a new build does it
+    to refuse a build that could not boot (:func:`kubeplane.agent.main.check`)."""
+    lazy.load_all()
+    for name in config.__all__:
+        getattr(config, name)
+
+
 T = TypeVar("T")
 
 #: Delay between answering a call and acting on it (reboot, leaving maintenance), so the answer
@@ -173,7 +204,7 @@ class Node:
         self._controllers: list[Controller] = []
         #: The shared VIPs of the config: never one of the node's own addresses.
         self._vips: frozenset[str] = frozenset()
-        self.services: NodeServices | None = None
+        self.services: node_services.NodeServices | None = None
         self._trustd: trustd.TrustdServer | None = None
         self._server: api.NodeAPIServer | None = None
         self._backend = AgentBackend(self)
@@ -226,6 +257,7 @@ class Node:
         """Start state, controllers and the secure API for ``document``."""
         self.maintenance = False
         self.phase = "booting"
+        await asyncio.to_thread(load_booted_modules)
         model = document.model
         hostname = model.machine.network.hostname if model.machine.network else None
         self._vips = frozenset(address.ip for address in vip.desired(model.machine.network))
@@ -251,7 +283,7 @@ class Node:
             # Built in a thread: it reads the machine ID from disk (no event loop is needed to
             # construct it; its locks and events bind to the loop on first use).
             services = await asyncio.to_thread(
-                NodeServices,
+                node_services.NodeServices,
                 paths=self.paths,
                 document=document,
                 name=self.name,
@@ -370,7 +402,7 @@ class Node:
         self._wireguard = None
         self.state = None
 
-    async def _hand_over_etcd_leadership(self, etcd: EtcdMember, released: list[bytes]) -> None:
+    async def _hand_over_etcd_leadership(self, etcd: node_etcd.EtcdMember, released: list[bytes]) -> None:
         """Before etcd stops, its leadership goes to a voter that holds no shared VIP (etcd's own
         hand-over on SIGTERM picks its most up-to-date follower, which may be the VIP's holder;
         see :meth:`EtcdMember.forfeit_leadership`). Bounded: on failure etcd hands it over itself."""
@@ -378,7 +410,7 @@ class Node:
             async with asyncio.timeout(HALT_HANDOVER_TIMEOUT):
                 wait = VIP_TAKEOVER_WAIT if released else 0.0
                 said = await etcd.forfeit_leadership(released=released, wait=wait)
-        except (TimeoutError, EtcdRefused, client_errors.EtcdError) as exc:
+        except (TimeoutError, node_etcd.EtcdRefused, client_errors.EtcdError) as exc:
             log.info("halting: etcd leadership not handed over (%s); etcd does it as it stops", exc)
             return
         log.info("halting: %s", said)
@@ -557,8 +589,9 @@ class Node:
         to its saved config, as it would after a restart meanwhile.
         """
         try:
-            # Parsing a big document takes seconds; in a thread, the node serves meanwhile.
-            new = await asyncio.to_thread(config.load, data)
+            # Parsing a big document takes seconds (and the first one imports the config models):
+            # in a thread, the node serves meanwhile. A lambda, so config.load is looked up there.
+            new = await asyncio.to_thread(lambda: config.load(data))
         except config.ConfigError as exc:
             raise api.InvalidArgumentError(
                 f"invalid machine config: {len(exc.errors)} problem(s)",
@@ -858,7 +891,7 @@ class Node:
         ``refused``; etcd not answering as UnavailableError ending with ``unreachable``."""
         try:
             return await check()
-        except EtcdRefused as exc:
+        except node_etcd.EtcdRefused as exc:
             if "is not an etcd member" in str(exc):
                 return None
             raise api.FailedPreconditionError(f"{refused}: {exc}") from exc
@@ -868,7 +901,7 @@ class Node:
     async def _leave_etcd(self, member_id: int) -> None:
         """Move etcd leadership away, then remove this node's member (see :meth:`reset`)."""
         etcd = self._etcd()
-        with contextlib.suppress(EtcdRefused, client_errors.EtcdError):
+        with contextlib.suppress(node_etcd.EtcdRefused, client_errors.EtcdError):
             log.info("leaving etcd: %s", await etcd.forfeit_leadership())
         try:
             await etcd.remove_self(member_id)
@@ -933,7 +966,7 @@ class Node:
             if member_id is not None:
                 await self._leave_etcd(member_id)
             elif etcd is not None:
-                with contextlib.suppress(EtcdRefused, client_errors.EtcdError):
+                with contextlib.suppress(node_etcd.EtcdRefused, client_errors.EtcdError):
                     log.info("upgrade: %s", await etcd.forfeit_leadership())
             if not keep:
                 await self._halt()
@@ -945,7 +978,7 @@ class Node:
         kept = "keeping its data" if keep else "after wiping its etcd, kubelet and containerd data"
         return {**summary, "message": f"node {self.name} restarts into kubeplaned {build.version}, {kept}"}
 
-    async def _etcd_outage_check(self, etcd: EtcdMember) -> None:
+    async def _etcd_outage_check(self, etcd: node_etcd.EtcdMember) -> None:
         await self._etcd_member_check(
             etcd.outage_plan,
             refused=f"refusing to upgrade {self.name}",
@@ -1059,7 +1092,7 @@ class Node:
             for line in await asyncio.to_thread(service_logs.tail, path, lines):
                 yield line
 
-    def _services(self) -> NodeServices:
+    def _services(self) -> node_services.NodeServices:
         if self.services is None:
             raise api.UnavailableError(f"node {self.name} runs no services (maintenance mode or rebooting)")
         return self.services
@@ -1076,7 +1109,7 @@ class Node:
 
     # -- cluster formation --------------------------------------------------------------------
 
-    def _etcd(self) -> EtcdMember:
+    def _etcd(self) -> node_etcd.EtcdMember:
         etcd = self._services().etcd
         if etcd is None:
             raise api.FailedPreconditionError(f"node {self.name} is a worker: it runs no etcd")
@@ -1109,7 +1142,10 @@ class Node:
         return {"message": f"bootstrap started on {self.name}: etcd starts {how}{mode}"}
 
     def _start_self_hosted(
-        self, services: NodeServices, options: selfhosted.Options, original: config.MachineConfig
+        self,
+        services: node_services.NodeServices,
+        options: selfhosted.Options,
+        original: config.MachineConfig,
     ) -> None:
         state = self.state
         assert state is not None  # services run only on a booted node
@@ -1140,7 +1176,7 @@ class Node:
                 await self._services().supervisor.stop("etcd")
                 await asyncio.to_thread(etcd.wipe)
                 return {"message": f"{self.name} left etcd (member {member_id:x}); its etcd data is wiped"}
-        except EtcdRefused as exc:
+        except node_etcd.EtcdRefused as exc:
             raise api.FailedPreconditionError(str(exc)) from exc
         except client_errors.EtcdError as exc:
             raise api.UnavailableError(f"etcd on {self.name}: {exc}") from exc

@@ -63,9 +63,12 @@ MAX_MEMBERS = 20_000
 CHECK_TIMEOUT = 60.0
 #: What a build's ``__version__`` may look like: it names its directory.
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,63}")
-#: What the check runs in the build's interpreter: import the agent, print where and which version.
+#: What the check runs in the build's interpreter: import the agent and, through its ``check()``,
+#: every module it imports on first use (a build without one imports all with the agent), then
+#: print where and which version.
 _CHECK = (
     "import sys; sys.path.insert(0, sys.argv[1]); import kubeplane, kubeplane.agent.main; "
+    "getattr(kubeplane.agent.main, 'check', lambda: None)(); "
     "print(kubeplane.__file__); print(kubeplane.__version__)"
 )
 

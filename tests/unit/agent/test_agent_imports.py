@@ -61,6 +61,66 @@ def test_agent_entry_point_leaves_unused_libraries_out() -> None:
     assert top_level(modules).isdisjoint(LEFT_OUT), sorted(top_level(modules) & set(LEFT_OUT))
 
 
+#: What a booted node needs and a node in maintenance mode (waiting for its first config) must not
+#: have loaded: the config models and their libraries, the controllers, services and clients.
+BOOTED_ONLY = (
+    "pydantic",
+    "pydantic_core",
+    "ruamel",
+    "httpx",
+    "pyroute2",
+    "kubeplane.config.models",
+    "kubeplane.config.document",
+    "kubeplane.controllers",
+    "kubeplane.clients",
+    "kubeplane.agent.controllers",
+    "kubeplane.agent.services",
+    "kubeplane.agent.etcd",
+    "kubeplane.api.trustd",
+)
+
+#: A real node in maintenance mode (no machine config under its root), serving its maintenance
+#: API on a free loopback port until the test's client has answered Version; then it stops.
+MAINTENANCE = """
+import asyncio, pathlib, tempfile
+from kubeplane.agent.node import Node
+from kubeplane.api import NodeClient
+
+async def main(root):
+    node = Node(root=pathlib.Path(root), listen="127.0.0.1:0", services=False)
+    running = asyncio.create_task(node.run())
+    while node._server is None:
+        if running.done():
+            running.result()  # it failed: say why
+        await asyncio.sleep(0.01)
+    async with NodeClient.insecure([f"127.0.0.1:{node._server.port}"]) as client:
+        assert (await client.version())[0].unwrap()["maintenance"] is True
+    node.stop()
+    await running
+
+with tempfile.TemporaryDirectory() as root:
+    asyncio.run(main(root))
+"""
+
+
+def test_maintenance_mode_loads_nothing_only_a_booted_node_needs() -> None:
+    """A node waiting for its first config serves the maintenance API without the config models,
+    the controllers, services and clients (kubeplane.lazy): that is most of its idle memory."""
+    modules = imported_by(MAINTENANCE)
+    assert "kubeplane.agent.node" in modules and "kubeplane.api.server" in modules
+    loaded = sorted(name for name in modules if name.startswith(BOOTED_ONLY))
+    assert loaded == []
+
+
+def test_the_upgrade_check_imports_what_the_agent_imports_on_first_use() -> None:
+    """``check()`` (what an upgrade runs in a new build) loads every booted-only module, so a
+    build whose controllers or config models do not import is refused before it is installed."""
+    modules = imported_by("import kubeplane.agent.main as m\nm.check()")
+    wanted = [name for name in BOOTED_ONLY if name not in ("httpx", "pyroute2")]  # used on first call
+    missing = [name for name in wanted if not any(m == name or m.startswith(f"{name}.") for m in modules)]
+    assert missing == []
+
+
 def test_httpx_works_without_its_command_line_client() -> None:
     """The agent package blocks ``httpx._main`` only; httpx, imported later, keeps working."""
     modules = imported_by(

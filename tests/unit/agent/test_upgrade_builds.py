@@ -145,6 +145,12 @@ def test_an_oversized_wheel_is_refused(paths: NodePaths, monkeypatch: pytest.Mon
     [
         ("9.9.9", "raise SystemExit('broken build')\n", "fails its check"),
         ("9.9.9", "import no_such_module_here\n", "No module named 'no_such_module_here'"),
+        # The agent imports this one only when the node boots (kubeplane.lazy): the check still does.
+        (
+            "9.9.9",
+            "def main() -> None: ...\ndef check() -> None:\n    import no_such_booted_module\n",
+            "No module named 'no_such_booted_module'",
+        ),
         ("../../x", "def main() -> None: ...\n", "is not a version string"),
     ],
 )
