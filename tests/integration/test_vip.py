@@ -95,7 +95,11 @@ def test_one_holder_that_fails_over_on_every_loss(nodes: vip_nodes.VipNodes, etc
         nodes.stop(owner, kill=True)
         gone = sampler.wait_for(lambda held: owner not in held, after=killed, timeout=5)
         moved = sampler.wait_for(lambda held: bool(held) and owner not in held, after=killed, timeout=10)
-        assert gone - killed <= timing.lifetime + 0.3, "the kernel keeps a dead owner's address"
+        # The kernel drops an address whose lifetime ran out at its next lifetime check: those run
+        # at least 1 s apart with 0.25 s of fuzz, from a workqueue a loaded machine delays (a full
+        # run saw 1.56 s). The design keeps `margin` between the address's end and the lease's
+        # earliest expiry for that; a longer lifetime (2 s) would still fail here.
+        assert gone - killed <= timing.lifetime + timing.margin, "the kernel keeps a dead owner's address"
         assert moved - killed < timing.ttl + 1.5, nodes.logs()
         nodes.start(owner)
 

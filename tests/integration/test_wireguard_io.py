@@ -46,7 +46,13 @@ async def main():
     out["peer"] = peer
     out["resource"] = wireguard_io.get("wg0").peers[0].allowed_ips
     os.kill(pid, signal.SIGKILL)
+    deadline = asyncio.get_running_loop().time() + 30
     while daemons.pid("wg0") is not None:
+        if asyncio.get_running_loop().time() > deadline:
+            # Seen once in a full run: say where the killed process is stuck.
+            where = {n: Path(f"/proc/{pid}/{n}").read_text().strip()[:300] for n in ("wchan", "stat")
+                     if os.path.exists(f"/proc/{pid}/{n}")}
+            sys.exit(f"wireguard-go (PID {pid}) not seen exiting 30 s after SIGKILL: {where or 'gone'}")
         await asyncio.sleep(0.05)
     out["restarted"] = await daemons.converge(["wg0"])
     new_pid = daemons.pid("wg0")
