@@ -404,7 +404,7 @@ class EtcdMember:
 
         endpoint = self.document.model.cluster.control_plane.endpoint.rstrip("/")
         try:
-            async with httpx.AsyncClient(verify=False, timeout=_PROBE_TIMEOUT) as http:  # noqa: S501
+            async with httpx.AsyncClient(verify=False, timeout=_PROBE_TIMEOUT, trust_env=False) as http:  # noqa: S501
                 response = await http.get(f"{endpoint}/version")
         except httpx.HTTPError:
             return None

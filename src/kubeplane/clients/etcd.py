@@ -364,7 +364,11 @@ class EtcdClient:
         self.endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
         self.timeout = timeout
         self._preferred = 0
-        self._http = httpx.AsyncClient(verify=tls if tls is not None else True, transport=transport)
+        # Never through a proxy from the environment (see KubeClient): etcd is this node's own
+        # member or a peer on the cluster network.
+        self._http = httpx.AsyncClient(
+            verify=tls if tls is not None else True, transport=transport, trust_env=False
+        )
 
     async def __aenter__(self) -> EtcdClient:
         return self

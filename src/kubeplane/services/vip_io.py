@@ -169,7 +169,7 @@ class ApiServerProbe:
         import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
 
         self.url = f"https://127.0.0.1:{port}/readyz?exclude=etcd"
-        self._http = httpx.AsyncClient(verify=False)  # noqa: S501 (see the class docstring)
+        self._http = httpx.AsyncClient(verify=False, trust_env=False)  # noqa: S501 (see the class docstring)
 
     async def __call__(self) -> bool:
         import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory

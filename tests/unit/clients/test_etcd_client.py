@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import http.server
 import io
 import json
 import os
 import ssl
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -532,3 +534,38 @@ def test_tls_context_loads_the_pair_without_a_file_or_a_leaked_descriptor() -> N
     with pytest.raises(ssl.SSLError):
         etcd_client.tls_context(ca=ca.cert, cert=pair.cert, key=pki.issue(ca=ca, common_name="x").key)
     assert set(os.listdir("/proc/self/fd")) == descriptors
+
+
+def test_a_proxy_in_the_environment_is_never_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    # etcd is the node's own member or a peer on the cluster network: an agent started with a
+    # corporate proxy in its environment (a systemd unit's, /etc/environment) must not send its
+    # etcd traffic through it. A real server on loopback, since httpx ignores the environment
+    # whenever a transport is given.
+    body = json.dumps({"header": HEADER, "kvs": [], "count": "0"}).encode()
+
+    class Etcd(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Etcd) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+
+            async def scenario() -> etcd_client.RangeResult:
+                async with etcd_client.EtcdClient([f"http://127.0.0.1:{server.server_port}"]) as etcd:
+                    return await etcd.get(b"k")
+
+            assert asyncio.run(scenario()).kvs == []
+        finally:
+            server.shutdown()

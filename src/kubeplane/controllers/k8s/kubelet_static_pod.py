@@ -208,7 +208,7 @@ class KubeletStaticPodController:
         if self._probe is None:
             # What the kubelet's HTTPS probes do: no certificate check. The answer only decides
             # when a file is written; nothing read from it is trusted.
-            self._probe = httpx.AsyncClient(verify=False, timeout=self.ready_timeout)  # noqa: S501
+            self._probe = httpx.AsyncClient(verify=False, timeout=self.ready_timeout, trust_env=False)  # noqa: S501
         try:
             response = await self._probe.get(url)
         except httpx.HTTPError:
@@ -239,7 +239,7 @@ class KubeletStaticPodController:
         import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
 
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self.timeout)
+            self._http = httpx.AsyncClient(timeout=self.timeout, trust_env=False)
         try:
             pods = await kubelet_pods(self._http, self.pods_url)
         except httpx.HTTPError as exc:

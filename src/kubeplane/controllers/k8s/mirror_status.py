@@ -134,7 +134,7 @@ class MirrorPodStatusController(api_watch.WatchingController[_Settings]):
         import httpx  # noqa: PLC0415  # on first use: see docs/architecture.md, Memory
 
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self.timeout)
+            self._http = httpx.AsyncClient(timeout=self.timeout, trust_env=False)
         try:
             return await kubelet_pods(self._http, self.pods_url)
         except (httpx.HTTPError, ValueError) as exc:
