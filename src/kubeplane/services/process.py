@@ -151,21 +151,29 @@ class Process:
             await asyncio.to_thread(popen.wait)
             raise
         pump = asyncio.create_task(_pump(reader, log), name=f"log pump {popen.pid}")
-        return cls(popen, pump)
+        spawned = cls(popen, pump)
+        # Watched from the start, so `exit` says the process ended even when nobody awaits
+        # wait(): wireguard_io read it without waiting, and a daemon that died (a zombie) still
+        # counted as running.
+        spawned._watch()
+        return spawned
 
     @property
     def exit(self) -> Exit | None:
-        """How the process ended, once :meth:`wait` has seen it end."""
+        """How the process ended, once it ended (and its group and output were cleared out)."""
         return self._exit
+
+    def _watch(self) -> asyncio.Task[Exit]:
+        if self._waiter is None:
+            self._waiter = asyncio.create_task(self._wait_once(), name=f"wait {self.pid}")
+        return self._waiter
 
     async def wait(self) -> Exit:
         """Wait for the leader to exit, then clear out the rest of its group and drain its output.
 
         Any number of tasks may wait at once; cancelling one of them does not disturb the others.
         """
-        if self._waiter is None:
-            self._waiter = asyncio.create_task(self._wait_once(), name=f"wait {self.pid}")
-        return await asyncio.shield(self._waiter)
+        return await asyncio.shield(self._watch())
 
     async def _wait_once(self) -> Exit:
         # A pidfd turns readable when the leader exits, independent of who still holds the output

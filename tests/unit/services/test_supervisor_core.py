@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from kubeplane.services import process, supervisor
+from kubeplane.services import logs, process, supervisor
 from kubeplane.services.supervisor import (
     Backoff,
     HealthCheck,
@@ -512,3 +512,22 @@ def test_a_failing_condition_shows_in_the_history(tmp_path: Path) -> None:
             assert messages(snapshot) == ["[Failed] Service runner failed: machine config not loaded"]
 
     run(scenario())
+
+
+def test_a_process_that_dies_unawaited_says_so(tmp_path: Path) -> None:
+    # wireguard_io asks `exit` without awaiting wait(): a killed daemon used to stay a zombie that
+    # still counted as running, and was never started again.
+    async def scenario() -> process.Exit:
+        writer = logs.RotatingLogWriter(tmp_path / "sleeper.log")
+        try:
+            spawned = await process.Process.spawn(sh("sleep 60"), log=writer)
+            assert spawned.exit is None
+            os.kill(spawned.pid, signal.SIGKILL)
+            async with asyncio.timeout(10):
+                while spawned.exit is None:
+                    await asyncio.sleep(0.02)
+            return spawned.exit
+        finally:
+            writer.close()
+
+    assert asyncio.run(scenario()).signal == signal.SIGKILL
