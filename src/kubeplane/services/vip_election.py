@@ -143,7 +143,6 @@ class Election:
         self.address = address
         self.node = node
         self.network = network
-        self.healthy = healthy
         self._checks = _HealthChecks(healthy, clock)
         self.timing = timing or vip.Timing()
         self.on_change = on_change
