@@ -108,7 +108,12 @@ class Node:
             await asyncio.sleep(0.01)
 
     async def wait_ready(self) -> dict[str, Any]:
+        """Both rendering controllers done; returns the static pods' status.
+
+        The two render independently, so one being ready says nothing of the other.
+        """
         await self.wait_for(lambda: (self.status() or {}).get("ready"), "SecretStatuses static-pods ready")
+        await self.wait_for(lambda: (self.status("etcd") or {}).get("ready"), "SecretStatuses etcd ready")
         status = self.status()
         assert status is not None
         return status
@@ -232,7 +237,6 @@ def test_files_follow_the_layout_with_restrictive_modes(tmp_path: Path, bundle: 
     async def scenario(node: Node) -> None:
         node.apply(config_document(bundle))
         await node.wait_ready()
-        await node.wait_for(lambda: node.status("etcd"), "SecretStatuses etcd")
         certs = node.k8s_certs()
         for component, layout in files.LAYOUT.items():
             directory = node.component_dir(component)
