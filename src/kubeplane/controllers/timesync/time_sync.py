@@ -13,7 +13,8 @@ It asks the daemon (``chronyc tracking``) every ``poll_interval`` seconds until 
 sync, then every ``synced_poll_interval``, and publishes ``runtime/TimeStatuses/node``
 (:class:`kubeplane.resources.catalog.TimeStatusSpec`): ``synced``, the configured servers, the
 selected source, its stratum, the offset, and the last error (a server that is not
-``HOST[:PORT]``, chrony not installed, the daemon's exit with the end of its log). The kubelet
+``HOST[:PORT]``, chrony not installed, the daemon's exit with the end of its log: shown until the
+daemon started again is in sync). The kubelet
 and etcd wait at boot for ``synced`` (or ``syncDisabled``), at most ``bootTimeout``
 (:mod:`kubeplane.agent.timegate`).
 
@@ -94,6 +95,10 @@ class TimeSyncController:
         self._started_at = 0.0
         #: What was last logged: the sync state and the error, so a steady state is logged once.
         self._logged: tuple[bool, str] = (False, "")
+        #: Why the last daemon exited by itself: shown until the daemon started again is in sync
+        #: (or another error replaces it), so a status read between the restart and the sync still
+        #: says why the time is not synced yet.
+        self._exit_error = ""
 
     async def reconcile(self, ctx: ReconcileContext) -> None:
         resource = ctx.find(catalog.CONFIG_NAMESPACE, catalog.MACHINE_CONFIGS, catalog.MACHINE_CONFIG_ID)
@@ -106,6 +111,7 @@ class TimeSyncController:
                 await ctx.stop_task(DAEMON_TASK)
                 self._servers = None
                 ctx.logger.info("time sync stopped (machine.time has no servers or is disabled)")
+            self._exit_error = ""
             self._log(ctx, False, "; ".join(wanted.errors))
             self._publish(ctx, catalog.TimeStatusSpec(servers=servers, error="; ".join(wanted.errors)))
             return
@@ -114,6 +120,7 @@ class TimeSyncController:
         ended = task is not None and task.done()
         if task is None or ended or self._servers != wanted.servers:
             error = _failure(task) if ended and task is not None else ""
+            self._exit_error = error
             wait = self._started_at + self.retry_interval - time.monotonic()
             if ended and self._servers == wanted.servers and wait > 0:
                 # The daemon exited soon after its start: start it again once the interval passed.
@@ -132,16 +139,21 @@ class TimeSyncController:
             tracking = await asyncio.to_thread(self.daemon.tracking)
         except timesync_io.TimeSyncError as exc:
             starting = time.monotonic() - self._started_at < STARTUP_GRACE
-            error = "" if starting else str(exc)
+            if not starting:
+                self._exit_error = ""
+            error = self._exit_error if starting else str(exc)
             self._log(ctx, False, error)
             self._publish(ctx, dataclasses.replace(status, error=error))
             ctx.requeue_after(self.poll_interval)
             return
-        self._log(ctx, tracking.synced, "", tracking)
+        if tracking.synced:
+            self._exit_error = ""
+        self._log(ctx, tracking.synced, self._exit_error, tracking)
         self._publish(
             ctx,
             dataclasses.replace(
                 status,
+                error=self._exit_error,
                 synced=tracking.synced,
                 source=tracking.source,
                 stratum=tracking.stratum,

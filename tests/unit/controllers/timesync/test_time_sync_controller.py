@@ -37,6 +37,8 @@ class FakeDaemon:
         self.running: tuple[Server, ...] | None = None
         self.tracking_result: timesync.Tracking | Exception = UNSYNCED
         self.exit_now = asyncio.Event()
+        #: How many times ``tracking`` was asked.
+        self.asked = 0
 
     async def run(self, servers: tuple[Server, ...]) -> None:
         self.started.append(servers)
@@ -49,6 +51,7 @@ class FakeDaemon:
             self.running = None
 
     def tracking(self) -> timesync.Tracking:
+        self.asked += 1
         if isinstance(self.tracking_result, Exception):
             raise self.tracking_result
         return self.tracking_result
@@ -149,7 +152,11 @@ def test_a_daemon_that_exits_is_started_again_and_its_exit_shown(tmp_path: Path)
         await eventually(lambda: daemon.running, what="the daemon started")
         daemon.exit_now.set()
         await eventually(lambda: len(daemon.started) == 2 and daemon.running, what="started again")
+        # The new daemon answers (not in sync yet): the status still says why the last one exited.
+        asked = daemon.asked
+        await eventually(lambda: daemon.asked >= asked + 2, what="the new daemon asked twice")
         assert status(state)["error"] == "chronyd exited with code 1: Fatal error"
+        assert status(state)["synced"] is False
         daemon.tracking_result = SYNCED
         await eventually(lambda: status(state)["synced"], what="synced after the restart")
         assert status(state)["error"] == ""
