@@ -70,6 +70,9 @@ def test_one_holder_that_fails_over_on_every_loss(nodes: vip_nodes.VipNodes, etc
         sampler.wait_for(lambda held: len(held) == 1, after=time.monotonic(), timeout=30)
         owner = vip_nodes.holder_of(sampler.samples[-1][1]) or vip_nodes.holder_of(nodes.holders())
         assert owner is not None, nodes.logs()
+        # The others follow once they have seen the owner (a status line each); the first owner can
+        # be elected while they are still starting, and a failover needs a follower to take over.
+        _wait(lambda: all(nodes.reasons(name) for name in NODES), "every node to follow", timeout=30)
 
         # The host resolves the VIP to the owner's MAC.
         vip_nodes.provoke_arp(nodes.address.ip)
