@@ -142,6 +142,20 @@ def _members(cluster: E2ECluster) -> list[dict[str, Any]]:
     return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
 
 
+def _lb_log_around(cluster: E2ECluster, failures: list[str]) -> str:
+    """The cluster haproxy's log lines of the seconds the ``failures`` (``HH:MM:SS ...``) happened
+    in, and its server state changes: which node answered, read before the teardown removes them."""
+    if cluster.haproxy is None or not cluster.haproxy.log.exists():
+        return "(no haproxy log)"
+    seconds = {failure.split(" ", 1)[0] for failure in failures}
+    lines = [
+        line
+        for line in cluster.haproxy.log.read_text(errors="replace").splitlines()
+        if any(f":{second}" in line for second in seconds) or "Server " in line
+    ]
+    return "haproxy log:\n" + "\n".join(lines[-60:])
+
+
 def _health(cluster: E2ECluster, timeout: str = "3m") -> None:
     result = cluster.cli("health", "--wait-timeout", timeout, timeout=400)
     assert result.returncode == 0, f"health failed:\n{result.stdout}\n{result.stderr}"
@@ -374,7 +388,10 @@ def test_one_control_plane_becomes_three_moves_endpoint_and_goes_back(
                 for failure, at in zip(probe.failures, probe.failed_at, strict=True)
                 if not lost_from <= at <= lost_until
             ]
-            assert outside == [], "requests failed while nodes were added or removed or the endpoint moved"
+            assert outside == [], (
+                "requests failed while nodes were added or removed or the endpoint moved\n"
+                + _lb_log_around(cluster, outside)
+            )
             assert len(probe.failures) <= 1, "more than the one request in flight on the lost node failed"
     finally:
         # Back to the old endpoint (with one API server, which restarts: no poller runs now).
