@@ -139,9 +139,10 @@ class TimeSyncController:
             tracking = await asyncio.to_thread(self.daemon.tracking)
         except timesync_io.TimeSyncError as exc:
             starting = time.monotonic() - self._started_at < STARTUP_GRACE
-            if not starting:
-                self._exit_error = ""
-            error = self._exit_error if starting else str(exc)
+            if starting:
+                error = self._exit_error
+            else:
+                error, self._exit_error = str(exc), ""
             self._log(ctx, False, error)
             self._publish(ctx, dataclasses.replace(status, error=error))
             ctx.requeue_after(self.poll_interval)
